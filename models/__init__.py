@@ -1,0 +1,40 @@
+"""attnzoo: learnable sparse-attention Transformers for the Hugging Face ecosystem.
+
+`import attnzoo` registers every family with the Auto classes (AutoConfig, AutoModel, AutoModelForMaskedLM,
+AutoModelForSequenceClassification, AutoModelForSeq2SeqLM) and the `sparse-summarization` pipeline.
+"""
+
+if __name__ != "attnzoo":
+    # The folder is called `models/` but installs as `attnzoo`; importing it as `models` from the repository root
+    # would load a second copy of every class and register the Auto classes twice.
+    raise ImportError(
+        f"This package must be imported as `attnzoo`, not `{__name__}`. Install it (`pip install -e .`) and use "
+        "`import attnzoo`."
+    )
+
+__version__ = "0.1.0"
+
+from . import dense
+from .core import ZooConfig
+from .dense import (
+    DenseTransformerConfig,
+    DenseTransformerForConditionalGeneration,
+    DenseTransformerForMaskedLM,
+    DenseTransformerForSequenceClassification,
+    DenseTransformerModel,
+)
+from .registry import FAMILIES, Family, register_family
+
+__all__ = [
+    "FAMILIES",
+    "DenseTransformerConfig",
+    "DenseTransformerForConditionalGeneration",
+    "DenseTransformerForMaskedLM",
+    "DenseTransformerForSequenceClassification",
+    "DenseTransformerModel",
+    "Family",
+    "ZooConfig",
+    "__version__",
+    "dense",
+    "register_family",
+]

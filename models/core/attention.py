@@ -1,0 +1,205 @@
+"""The attention contract every attnzoo method implements, and the dense (SDPA) attention of the baseline family.
+
+Every attention module takes the same inputs and returns an :class:`AttentionOutput`. Capability flags on the class
+tell the model, the config checks, the tests and the benchmark what a method can do; nothing dispatches on names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.cache_utils import Cache, EncoderDecoderCache
+
+from ..kernels import dense_masked_attention
+from .configuration import ZooConfig
+from .masking import attention_bool_mask
+
+
+@dataclass
+class AttentionOutput:
+    """What an attention module returns.
+
+    Args:
+        hidden_states (`torch.Tensor` of shape `(batch, query_len, hidden_size)`):
+            Attention output after the output projection.
+        attn_weights (`torch.Tensor` of shape `(batch, heads, query_len, key_len)`, *optional*):
+            Dense attention probabilities (zeros off the sparsity pattern), only when `output_attentions=True`.
+        aux_loss (`torch.Tensor`, *optional*):
+            Scalar auxiliary loss of this layer (e.g. a density regulariser), added to the task loss by the heads.
+        density (`torch.Tensor` of shape `(heads,)`, *optional*):
+            Fraction of valid (query, key) pairs each head attended to; `None` for dense attention.
+    """
+
+    hidden_states: torch.Tensor
+    attn_weights: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
+    density: torch.Tensor | None = None
+
+
+class ZooAttention(nn.Module):
+    """Base class of every attention: Q/K/V/O projections, head split/merge, KV cache handling.
+
+    Subclasses implement :meth:`attend`, which receives projected, head-split tensors and the masks, and set the
+    capability flags below. The projection names map to BERT's (`query`/`key`/`value`/`attention.output.dense`).
+
+    Args:
+        config ([`ZooConfig`]): model configuration.
+        is_causal (`bool`): decoder self-attention (never attends to the future).
+        is_cross_attention (`bool`): keys and values come from the encoder.
+        layer_idx (`int`, *optional*): index of the layer, used for the KV cache.
+    """
+
+    #: can run as decoder self-attention (causal masking, incremental decoding with a KV cache)
+    supports_causal: ClassVar[bool] = False
+    #: can attend from decoder queries to encoder keys
+    supports_cross_attention: ClassVar[bool] = False
+    #: draws random structure in training (sampling); eval is deterministic given `config` seeds
+    is_stochastic: ClassVar[bool] = False
+    #: returns an auxiliary loss in training
+    has_aux_loss: ClassVar[bool] = False
+    #: the method needs the padded length to be a multiple of this (1 = any length)
+    block_multiple: ClassVar[int] = 1
+
+    def __init__(
+        self, config: ZooConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
+    ):
+        super().__init__()
+        if is_causal and not self.supports_causal:
+            raise ValueError(f"{type(self).__name__} cannot be used as causal (decoder) self-attention.")
+        if is_cross_attention and not self.supports_cross_attention:
+            raise ValueError(f"{type(self).__name__} cannot be used as cross-attention.")
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_probs_dropout_prob
+        self.is_causal = is_causal
+        self.is_cross_attention = is_cross_attention
+        self.layer_idx = layer_idx
+        self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, N, D) -> (B, H, N, d)
+        return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
+
+    def project_qkv(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None,
+        past_key_values: Cache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project queries, keys and values, reading/updating the KV cache. Returns `(B, H, N, d)` tensors."""
+        q = self._split(self.q_proj(hidden_states))
+        if self.is_cross_attention:
+            cache = past_key_values
+            if isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(self.layer_idx):
+                layer = cache.cross_attention_cache.layers[self.layer_idx]
+                return q, layer.keys, layer.values
+            k = self._split(self.k_proj(key_value_states))
+            v = self._split(self.v_proj(key_value_states))
+            if isinstance(cache, EncoderDecoderCache):
+                k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
+                cache.is_updated[self.layer_idx] = True
+            return q, k, v
+        k = self._split(self.k_proj(hidden_states))
+        v = self._split(self.v_proj(hidden_states))
+        if past_key_values is not None:
+            cache = (
+                past_key_values.self_attention_cache
+                if isinstance(past_key_values, EncoderDecoderCache)
+                else past_key_values
+            )
+            k, v = cache.update(k, v, self.layer_idx)
+        return q, k, v
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_valid: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> AttentionOutput:
+        """
+        Args:
+            hidden_states (`torch.Tensor` of shape `(B, Nq, D)`): query-side hidden states.
+            key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): True at real (non-padding) keys over the
+                whole key sequence (cache included). `None` means every key is real.
+            key_value_states (`torch.Tensor` of shape `(B, Nk, D)`, *optional*): encoder states (cross-attention).
+            past_key_values ([`~transformers.Cache`], *optional*): KV cache (decoder only).
+            output_attentions (`bool`): also return dense `(B, H, Nq, Nk)` attention probabilities.
+        """
+        q, k, v = self.project_qkv(hidden_states, key_value_states, past_key_values)
+        # Queries of an incremental decoding step sit after the cached keys.
+        query_offset = k.shape[2] - q.shape[2] if self.is_causal else 0
+        out = self.attend(q, k, v, key_valid, query_offset=query_offset, output_attentions=output_attentions)
+        merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
+        out.hidden_states = self.o_proj(merged)
+        return out
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_valid: torch.Tensor | None,
+        *,
+        query_offset: int = 0,
+        output_attentions: bool = False,
+    ) -> AttentionOutput:
+        """Attention over head-split tensors `(B, H, N, d)`; returns head-split `hidden_states` `(B, H, Nq, d)`."""
+        raise NotImplementedError
+
+    def dense_reference(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        output_attentions: bool = False,
+    ) -> AttentionOutput:
+        """Plain dense masked attention (the reference path every method shares)."""
+        out, weights = dense_masked_attention(
+            q,
+            k,
+            v,
+            mask,
+            dropout_p=self.dropout,
+            scale=self.scaling,
+            training=self.training,
+            return_weights=output_attentions,
+        )
+        return AttentionOutput(hidden_states=out, attn_weights=weights)
+
+
+class DenseAttention(ZooAttention):
+    """Full softmax attention through `F.scaled_dot_product_attention` (the baseline of every comparison).
+
+    Works as encoder self-attention, causal decoder self-attention with KV cache, and cross-attention.
+    With `output_attentions=True` it runs the reference kernel to return the probabilities.
+    """
+
+    supports_causal = True
+    supports_cross_attention = True
+
+    def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
+        mask = attention_bool_mask(key_valid, q.shape[2], k.shape[2], self.is_causal, query_offset, q.device)
+        if output_attentions or self.config.attention_backend == "reference":
+            return self.dense_reference(q, k, v, mask, output_attentions)
+        dropout_p = self.dropout if self.training else 0.0
+        if mask is None:
+            # No padding: let SDPA use its causal flag (only valid when queries and keys are aligned).
+            causal = self.is_causal and q.shape[2] > 1
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=self.scaling)
+            return AttentionOutput(hidden_states=out)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
+        # SDPA's treatment of rows without any valid key varies across backends: make them exact zeros.
+        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+        return AttentionOutput(hidden_states=out)

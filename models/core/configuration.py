@@ -1,0 +1,165 @@
+"""Shared configuration of every attnzoo family: HF field names, seq2seq settings and validation."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+POOLING_TYPES = ("cls", "mean", "attention")
+ATTENTION_BACKENDS = ("fast", "reference")
+
+
+@strict
+class ZooConfig(PreTrainedConfig):
+    r"""
+    Base configuration shared by every attnzoo family. A method's config subclasses it and adds only its own
+    fields; one config serves the encoder (`<Prefix>Model`), the masked-LM and classification heads and the
+    encoder-decoder `<Prefix>ForConditionalGeneration`.
+
+    The encoder follows BERT's parameter layout (post-norm by default), so a BERT/RoBERTa checkpoint maps onto
+    it name for name (see `attnzoo.core.conversion`).
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 30522):
+            Size of the token vocabulary, shared by encoder, decoder and LM heads.
+        hidden_size (`int`, *optional*, defaults to 256):
+            Width of the hidden states.
+        num_hidden_layers (`int`, *optional*, defaults to 2):
+            Number of encoder layers.
+        num_attention_heads (`int`, *optional*, defaults to 4):
+            Attention heads per layer; must divide `hidden_size`.
+        intermediate_size (`int`, *optional*, defaults to 1024):
+            Width of the feed-forward network.
+        hidden_act (`str`, *optional*, defaults to `"gelu"`):
+            Activation of the feed-forward network (any key of `transformers.activations.ACT2FN`).
+        hidden_dropout_prob (`float`, *optional*, defaults to 0.1):
+            Dropout on embeddings and residual branches.
+        attention_probs_dropout_prob (`float`, *optional*, defaults to 0.1):
+            Dropout on attention probabilities.
+        max_position_embeddings (`int`, *optional*, defaults to 4096):
+            Longest sequence the learned absolute position embeddings cover; longer inputs raise `ValueError`.
+        type_vocab_size (`int`, *optional*, defaults to 2):
+            Number of token types (segments) of the encoder.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the normal weight initialisation.
+        layer_norm_eps (`float`, *optional*, defaults to 1e-12):
+            Epsilon of every LayerNorm.
+        pre_norm (`bool`, *optional*, defaults to `False`):
+            Pre-norm blocks (LayerNorm before each sub-layer, plus a final LayerNorm) instead of BERT's post-norm.
+        classifier_pooling (`str`, *optional*, defaults to `"cls"`):
+            How the classification head pools the sequence: `"cls"` (first token), `"mean"` (over real tokens) or
+            `"attention"` (learned additive attention pooling).
+        classifier_dropout (`float`, *optional*):
+            Dropout before the classifier; defaults to `hidden_dropout_prob`.
+        attention_backend (`str`, *optional*, defaults to `"fast"`):
+            `"fast"` runs a method's optimised kernels, `"reference"` the plain dense masked attention over the same
+            sparsity structure, on the same weights (use it to check a checkpoint).
+        aux_loss_coef (`float`, *optional*, defaults to 1.0):
+            Weight of the attention auxiliary loss (e.g. SBM's density regulariser) added to the task loss.
+        decoder_layers (`int`, *optional*, defaults to 2):
+            Number of decoder layers of `<Prefix>ForConditionalGeneration`.
+        decoder_max_position_embeddings (`int`, *optional*, defaults to 1024):
+            Longest decoder (target) sequence.
+        pad_token_id (`int`, *optional*, defaults to 0):
+            Padding token id.
+        bos_token_id (`int`, *optional*, defaults to 2):
+            Beginning-of-sequence token id (`[CLS]` of the zoo's WordPiece tokenizers).
+        eos_token_id (`int`, *optional*, defaults to 3):
+            End-of-sequence token id (`[SEP]`).
+        decoder_start_token_id (`int`, *optional*, defaults to 2):
+            First decoder input token of seq2seq models.
+        tie_word_embeddings (`bool`, *optional*, defaults to `True`):
+            Tie LM heads and decoder embeddings to the encoder's token embeddings.
+        use_cache (`bool`, *optional*, defaults to `True`):
+            Use the key/value cache when decoding.
+        is_decoder (`bool`, *optional*, defaults to `False`):
+            Kept for HF compatibility; attnzoo decoders are built by `<Prefix>ForConditionalGeneration`.
+    """
+
+    model_type = "attnzoo"
+    # A method switches these on when its attention is used in the decoder (causal) or in cross-attention; the model
+    # checks them against the attention class's capability flags.
+    method_sites: ClassVar[tuple[str, ...]] = ("encoder",)
+
+    vocab_size: int = 30522
+    hidden_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 1024
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float | int = 0.1
+    attention_probs_dropout_prob: float | int = 0.1
+    max_position_embeddings: int = 4096
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pre_norm: bool = False
+    classifier_pooling: str = "cls"
+    classifier_dropout: float | int | None = None
+    attention_backend: str = "fast"
+    aux_loss_coef: float | int = 1.0
+    decoder_layers: int = 2
+    decoder_max_position_embeddings: int = 1024
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 2
+    eos_token_id: int | list[int] | None = 3
+    decoder_start_token_id: int | None = 2
+    tie_word_embeddings: bool = True
+    use_cache: bool = True
+    is_decoder: bool = False
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.check_zoo_fields()
+
+    def validate_zoo_fields(self) -> None:
+        """Strict-dataclass validator: re-checked whenever the config is saved."""
+        self.check_zoo_fields()
+
+    def check_zoo_fields(self) -> None:
+        """Raise `ValueError` naming the offending field. Method configs extend this (call `super()`)."""
+        positive = (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "decoder_layers",
+            "decoder_max_position_embeddings",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)}.")
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be divisible by `num_attention_heads` "
+                f"({self.num_attention_heads})."
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}.")
+        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"`classifier_dropout` must be in [0, 1) or None, got {self.classifier_dropout}.")
+        if self.classifier_pooling not in POOLING_TYPES:
+            raise ValueError(f"`classifier_pooling` must be one of {POOLING_TYPES}, got {self.classifier_pooling!r}.")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"`attention_backend` must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}."
+            )
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"`hidden_act` {self.hidden_act!r} is not a known activation (see ACT2FN).")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"`layer_norm_eps` must be positive, got {self.layer_norm_eps}.")
+        for name in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"`{name}` ({value}) must be a token id in [0, vocab_size={self.vocab_size}).")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads

@@ -1,0 +1,403 @@
+"""Generic `PreTrainedModel` classes. A family binds `config_class` and `attention_class` in thin subclasses.
+
+Layout of the parameters (identical for every family and head, so checkpoints move between them name for name):
+`[model.]encoder.embeddings.*`, `[model.]encoder.layers.{i}.*`, `model.decoder.*` (seq2seq), `lm_head.*`,
+`classifier.*`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import transformers.initialization as init
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.loss.loss_utils import ForMaskedLMLoss
+from transformers.modeling_outputs import BaseModelOutput
+
+from .attention import DenseAttention, ZooAttention
+from .configuration import ZooConfig
+from .heads import ClassificationHead, MaskedLMHead
+from .masking import key_valid_from_attention_mask
+from .outputs import ZooMaskedLMOutput, ZooModelOutput, ZooSeq2SeqLMOutput, ZooSequenceClassifierOutput
+from .stacks import Decoder, Encoder
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: prepend the start token, drop the last label, replace -100 by padding."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def add_aux_loss(
+    loss: torch.Tensor,
+    aux_loss: torch.Tensor | None,
+    coef: float,
+    labels: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | None,
+) -> torch.Tensor:
+    """Add `coef * aux_loss` with the task loss's gradient-accumulation scale.
+
+    When Trainer passes `num_items_in_batch` the task loss is a sum over this micro-batch divided by the token count
+    of the whole accumulated batch; the per-micro-batch auxiliary mean gets the same share (local / total items).
+    """
+    if aux_loss is None or coef == 0:
+        return loss
+    if num_items_in_batch is not None:
+        local = (labels != -100).sum().to(loss.dtype)
+        return loss + coef * aux_loss * local / torch.as_tensor(num_items_in_batch, device=loss.device).to(loss.dtype)
+    return loss + coef * aux_loss
+
+
+class ZooPreTrainedModel(PreTrainedModel):
+    """Base of every attnzoo model: weight init, checkpointing flags and the attention binding.
+
+    Families subclass it once to set `config_class` and `attention_class` (and, where a method runs in the decoder,
+    `decoder_self_attention_class` / `cross_attention_class`).
+    """
+
+    config_class = ZooConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules: ClassVar[list[str]] = ["EncoderLayer", "DecoderLayer"]
+    _skip_keys_device_placement: ClassVar[list[str]] = ["past_key_values"]
+    #: attention of the encoder's self-attention layers
+    attention_class: ClassVar[type[ZooAttention]] = DenseAttention
+    #: attention of the decoder's causal self-attention (dense unless the method supports causal use)
+    decoder_self_attention_class: ClassVar[type[ZooAttention]] = DenseAttention
+    #: attention from decoder to encoder (dense unless the method supports cross-attention)
+    cross_attention_class: ClassVar[type[ZooAttention]] = DenseAttention
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, MaskedLMHead):
+            init.zeros_(module.bias)
+        # Method attentions with parameters of their own initialise them here, with `transformers.initialization`
+        # helpers so that weights loaded from a checkpoint are never overwritten.
+        if isinstance(module, ZooAttention) and hasattr(module, "init_method_weights"):
+            module.init_method_weights()
+
+
+class ZooModel(ZooPreTrainedModel):
+    """Bare encoder returning hidden states (the `AutoModel` of every family, like `BertModel`)."""
+
+    def __init__(self, config: ZooConfig):
+        super().__init__(config)
+        self.encoder = Encoder(config, self.attention_class)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.encoder.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ZooModelOutput | tuple:
+        """
+        Args:
+            input_ids (`torch.LongTensor` of shape `(batch, seq_len)`): token ids.
+            attention_mask (`torch.Tensor` of shape `(batch, seq_len)`, *optional*): 1 for real tokens, 0 for padding.
+            token_type_ids (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): segment ids.
+            position_ids (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): absolute positions.
+            inputs_embeds (`torch.Tensor` of shape `(batch, seq_len, hidden_size)`, *optional*): instead of ids.
+        """
+        out = self.encoder(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions=bool(output_attentions if output_attentions is not None else self.config.output_attentions),
+            output_hidden_states=bool(
+                output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+            ),
+        )
+        return out if self._return_dict(return_dict) else out.to_tuple()
+
+    def _return_dict(self, return_dict: bool | None) -> bool:
+        return return_dict if return_dict is not None else self.config.return_dict
+
+
+class _EncoderHeadMixin:
+    """Shared plumbing of the encoder-only heads: build `self.model`, run it, expose embeddings."""
+
+    #: the family's `<Prefix>Model`, set by the thin subclasses
+    base_model_class: ClassVar[type[ZooModel]] = ZooModel
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.set_input_embeddings(value)
+
+    def run_encoder(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, oa, oh, rd):
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=oa,
+            output_hidden_states=oh,
+            return_dict=True,
+        ), (rd if rd is not None else self.config.return_dict)
+
+
+class ZooForMaskedLM(_EncoderHeadMixin, ZooPreTrainedModel):
+    """Encoder with the masked-LM head (tied to the token embeddings); adds the attention auxiliary loss."""
+
+    _tied_weights_keys: ClassVar[dict[str, str]] = {
+        "lm_head.decoder.weight": "model.encoder.embeddings.word_embeddings.weight"
+    }
+    # Trainer passes `num_items_in_batch` so the token-level loss is exact under gradient accumulation.
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: ZooConfig):
+        super().__init__(config)
+        self.model = self.base_model_class(config)
+        self.lm_head = MaskedLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head.decoder = value
+        self.lm_head.bias = nn.Parameter(torch.zeros(value.out_features, device=value.weight.device))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> ZooMaskedLMOutput | tuple:
+        """
+        Args:
+            labels (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): target ids, -100 where ignored.
+            num_items_in_batch (`int`, *optional*): number of target tokens in the accumulated batch (Trainer).
+        """
+        out, return_dict = self.run_encoder(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict,
+        )
+        logits = self.lm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = ForMaskedLMLoss(logits, labels, self.config.vocab_size, num_items_in_batch=num_items_in_batch)
+            loss = add_aux_loss(loss, out.aux_loss, self.config.aux_loss_coef, labels, num_items_in_batch)
+        result = ZooMaskedLMOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+            aux_loss=out.aux_loss,
+            attention_density=out.attention_density,
+        )
+        return result if return_dict else result.to_tuple()
+
+
+class ZooForSequenceClassification(_EncoderHeadMixin, ZooPreTrainedModel):
+    """Encoder with a pooled classification/regression head (`config.num_labels`, `config.problem_type`)."""
+
+    # Per-example losses: let Trainer divide by the accumulation steps (exact for equal micro-batches, all problem
+    # types including regression, which ignores `num_items_in_batch` upstream).
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: ZooConfig):
+        super().__init__(config)
+        self.model = self.base_model_class(config)
+        self.classifier = ClassificationHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ZooSequenceClassifierOutput | tuple:
+        """
+        Args:
+            labels (`torch.Tensor` of shape `(batch,)` or `(batch, num_labels)`, *optional*): class ids in
+                `[0, num_labels)`, regression targets (`num_labels == 1`) or multi-hot targets.
+        """
+        out, return_dict = self.run_encoder(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_attentions, output_hidden_states, return_dict,
+        )
+        logits = self.classifier(out.last_hidden_state, attention_mask)
+        loss = None
+        if labels is not None:
+            self._check_labels(labels)
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+            loss = add_aux_loss(loss, out.aux_loss, self.config.aux_loss_coef, labels, None)
+        result = ZooSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+            aux_loss=out.aux_loss,
+            attention_density=out.attention_density,
+        )
+        return result if return_dict else result.to_tuple()
+
+    def _check_labels(self, labels: torch.Tensor) -> None:
+        num_labels = self.config.num_labels
+        integer = labels.dtype in (torch.long, torch.int)
+        if num_labels > 1 and integer and labels.dim() == 1 and bool(((labels < 0) | (labels >= num_labels)).any()):
+            raise ValueError(
+                f"Classification labels must be in [0, num_labels={num_labels}); got values "
+                f"{sorted(set(labels.tolist()))}. Set `num_labels` (or `id2label`) in the config to match the data."
+            )
+
+
+class Seq2SeqCore(nn.Module):
+    """Encoder (same layout as `<Prefix>Model.encoder`) and decoder of the seq2seq head."""
+
+    def __init__(self, config: ZooConfig, owner: type[ZooPreTrainedModel]):
+        super().__init__()
+        self.encoder = Encoder(config, owner.attention_class)
+        self.decoder = Decoder(config, owner.decoder_self_attention_class, owner.cross_attention_class)
+
+
+class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
+    """Encoder-decoder for summarization with `generate()` (LED/BART style: the method in the encoder)."""
+
+    _tied_weights_keys: ClassVar[dict[str, str]] = {
+        "model.decoder.embed_tokens.weight": "model.encoder.embeddings.word_embeddings.weight",
+        "lm_head.weight": "model.encoder.embeddings.word_embeddings.weight",
+    }
+    accepts_loss_kwargs = True
+
+    def __init__(self, config: ZooConfig):
+        config.is_encoder_decoder = True
+        super().__init__(config)
+        self.model = Seq2SeqCore(config, type(self))
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_encoder(self, modality: str | None = None) -> Encoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> Decoder:
+        return self.model.decoder
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.encoder.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.encoder.embeddings.word_embeddings = value
+        self.model.decoder.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: ZooModelOutput | tuple | None = None,
+        past_key_values=None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> ZooSeq2SeqLMOutput | tuple:
+        """
+        Args:
+            decoder_input_ids (`torch.LongTensor` of shape `(batch, target_len)`, *optional*): built from `labels`
+                by shifting right when omitted.
+            encoder_outputs (*optional*): precomputed encoder outputs (as `generate()` passes them).
+            past_key_values ([`~transformers.EncoderDecoderCache`], *optional*): decoder KV cache.
+            labels (`torch.LongTensor` of shape `(batch, target_len)`, *optional*): target ids (not shifted), -100
+                where ignored. The loss is computed without a further shift.
+        """
+        oa = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        oh = bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if encoder_outputs is None:
+            encoder_outputs = self.model.encoder(
+                input_ids, attention_mask, token_type_ids, None, inputs_embeds,
+                output_attentions=oa, output_hidden_states=oh,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = ZooModelOutput(*encoder_outputs)
+        enc_states = encoder_outputs.last_hidden_state
+        encoder_key_valid = key_valid_from_attention_mask(attention_mask, enc_states.shape[0], enc_states.shape[1])
+        dec = self.model.decoder(
+            decoder_input_ids,
+            enc_states,
+            attention_mask=decoder_attention_mask,
+            encoder_key_valid=encoder_key_valid,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            inputs_embeds=decoder_inputs_embeds,
+            output_attentions=oa,
+            output_hidden_states=oh,
+        )
+        logits = self.lm_head(dec.last_hidden_state)
+        aux_terms = [a for a in (getattr(encoder_outputs, "aux_loss", None), dec.aux_loss) if a is not None]
+        aux_loss = torch.stack(aux_terms).sum() if aux_terms else None
+        loss = None
+        if labels is not None:
+            loss = ForMaskedLMLoss(logits, labels, self.config.vocab_size, num_items_in_batch=num_items_in_batch)
+            loss = add_aux_loss(loss, aux_loss, self.config.aux_loss_coef, labels, num_items_in_batch)
+        result = ZooSeq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=dec.past_key_values,
+            decoder_hidden_states=dec.hidden_states,
+            decoder_attentions=dec.attentions,
+            cross_attentions=dec.cross_attentions,
+            encoder_last_hidden_state=enc_states,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+            aux_loss=aux_loss,
+            encoder_attention_density=getattr(encoder_outputs, "attention_density", None),
+        )
+        return result if return_dict else result.to_tuple()

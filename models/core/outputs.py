@@ -1,0 +1,62 @@
+"""Output dataclasses: the HF outputs plus the attention side channel (`aux_loss`, `attention_density`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    Seq2SeqLMOutput,
+    SequenceClassifierOutput,
+)
+
+
+@dataclass
+class ZooModelOutput(BaseModelOutput):
+    """
+    Encoder output.
+
+    Args:
+        aux_loss (`torch.FloatTensor`, *optional*):
+            Sum over layers of the attention auxiliary losses (unweighted); `None` when no layer has one.
+        attention_density (`torch.FloatTensor` of shape `(num_layers, num_heads)`, *optional*):
+            Fraction of valid (query, key) pairs each head of each layer attended to; `None` for dense attention.
+    """
+
+    aux_loss: torch.FloatTensor | None = None
+    attention_density: torch.FloatTensor | None = None
+
+
+@dataclass
+class ZooDecoderOutput(BaseModelOutput):
+    """Decoder output: `last_hidden_state`, cache, and optional per-layer tuples."""
+
+    past_key_values: object | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+    aux_loss: torch.FloatTensor | None = None
+
+
+@dataclass
+class ZooMaskedLMOutput(MaskedLMOutput):
+    """[`~transformers.modeling_outputs.MaskedLMOutput`] plus `aux_loss` and `attention_density`."""
+
+    aux_loss: torch.FloatTensor | None = None
+    attention_density: torch.FloatTensor | None = None
+
+
+@dataclass
+class ZooSequenceClassifierOutput(SequenceClassifierOutput):
+    """[`~transformers.modeling_outputs.SequenceClassifierOutput`] plus `aux_loss` and `attention_density`."""
+
+    aux_loss: torch.FloatTensor | None = None
+    attention_density: torch.FloatTensor | None = None
+
+
+@dataclass
+class ZooSeq2SeqLMOutput(Seq2SeqLMOutput):
+    """[`~transformers.modeling_outputs.Seq2SeqLMOutput`] plus `aux_loss` and the encoder's `attention_density`."""
+
+    aux_loss: torch.FloatTensor | None = None
+    encoder_attention_density: torch.FloatTensor | None = None

@@ -1,0 +1,201 @@
+"""Embeddings and the encoder / decoder stacks, which collect per-layer outputs and auxiliary losses."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from .attention import ZooAttention
+from .configuration import ZooConfig
+from .layers import DecoderLayer, EncoderLayer
+from .masking import key_valid_from_attention_mask
+from .outputs import ZooDecoderOutput, ZooModelOutput
+
+
+def check_inputs(
+    input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, max_positions: int, field: str
+) -> tuple[int, int]:
+    """Validate that exactly one of ids/embeddings is given and the length fits; return `(batch, length)`."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`.")
+    batch, length = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
+    if length > max_positions:
+        raise ValueError(
+            f"Sequence length {length} exceeds `{field}` ({max_positions}); truncate the inputs or use a config "
+            f"with a larger `{field}`."
+        )
+    return batch, length
+
+
+def check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
+    if input_ids is not None and input_ids.numel() and bool((input_ids >= vocab_size).any() | (input_ids < 0).any()):
+        raise ValueError(f"`input_ids` contain ids outside [0, vocab_size={vocab_size}).")
+
+
+class Embeddings(nn.Module):
+    """Token + learned absolute position + token type embeddings, LayerNorm and dropout (BERT layout)."""
+
+    def __init__(self, config: ZooConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.type_vocab_size = config.type_vocab_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        length = inputs_embeds.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(length, device=inputs_embeds.device)[None]
+        if token_type_ids is None:
+            type_embeds = self.token_type_embeddings.weight[0]
+        else:
+            if bool((token_type_ids >= self.type_vocab_size).any()):
+                raise ValueError(f"`token_type_ids` must be < `type_vocab_size` ({self.type_vocab_size}).")
+            type_embeds = self.token_type_embeddings(token_type_ids)
+        embeddings = inputs_embeds + self.position_embeddings(position_ids) + type_embeds
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+class Encoder(nn.Module):
+    """Embeddings and a stack of :class:`EncoderLayer`; sums the layers' auxiliary losses."""
+
+    def __init__(self, config: ZooConfig, attention_class: type[ZooAttention]):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(EncoderLayer(config, attention_class, i) for i in range(config.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        return_dict: bool = True,
+    ) -> ZooModelOutput | tuple:
+        batch, length = check_inputs(input_ids, inputs_embeds, self.config.max_position_embeddings, "max_position_embeddings")
+        check_token_ids(input_ids, self.config.vocab_size)
+        key_valid = key_valid_from_attention_mask(attention_mask, batch, length)
+        hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        all_hidden = [hidden_states] if output_hidden_states else None
+        all_attn = [] if output_attentions else None
+        aux_losses, densities = [], []
+        for layer in self.layers:
+            hidden_states, weights, aux_loss, density = layer(hidden_states, key_valid, output_attentions)
+            if output_attentions:
+                all_attn.append(weights)
+            if aux_loss is not None:
+                aux_losses.append(aux_loss)
+            if density is not None:
+                densities.append(density)
+            if output_hidden_states:
+                all_hidden.append(hidden_states)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
+            if output_hidden_states:
+                all_hidden[-1] = hidden_states
+        out = ZooModelOutput(
+            last_hidden_state=hidden_states,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attn) if output_attentions else None,
+            aux_loss=torch.stack(aux_losses).sum() if aux_losses else None,
+            attention_density=torch.stack(densities) if len(densities) == len(self.layers) else None,
+        )
+        return out if return_dict else out.to_tuple()
+
+
+class Decoder(nn.Module):
+    """Token + position embeddings and a stack of :class:`DecoderLayer` with an `EncoderDecoderCache`."""
+
+    def __init__(
+        self,
+        config: ZooConfig,
+        self_attention_class: type[ZooAttention],
+        cross_attention_class: type[ZooAttention],
+    ):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.embed_positions = nn.Embedding(config.decoder_max_position_embeddings, config.hidden_size)
+        self.embed_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, self_attention_class, cross_attention_class, i) for i in range(config.decoder_layers)
+        )
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_key_valid: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        use_cache: bool = False,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> ZooDecoderOutput:
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        batch, length = check_inputs(
+            input_ids, inputs_embeds, self.config.decoder_max_position_embeddings - past_length,
+            "decoder_max_position_embeddings",
+        )
+        check_token_ids(input_ids, self.config.vocab_size)
+        total = past_length + length
+        if attention_mask is not None and attention_mask.shape[-1] == length and past_length:
+            # Masks that cover only the new tokens: cached positions were real tokens.
+            attention_mask = torch.cat([attention_mask.new_ones(batch, past_length), attention_mask], dim=-1)
+        self_key_valid = key_valid_from_attention_mask(attention_mask, batch, total)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        positions = torch.arange(past_length, total, device=inputs_embeds.device)[None]
+        hidden_states = self.dropout(self.embed_norm(inputs_embeds + self.embed_positions(positions)))
+        all_hidden = [hidden_states] if output_hidden_states else None
+        all_self, all_cross = ([], []) if output_attentions else (None, None)
+        aux_losses = []
+        for layer in self.layers:
+            hidden_states, self_w, cross_w, aux_loss = layer(
+                hidden_states,
+                encoder_hidden_states,
+                self_key_valid,
+                encoder_key_valid,
+                past_key_values if use_cache else None,
+                output_attentions,
+            )
+            if output_attentions:
+                all_self.append(self_w)
+                all_cross.append(cross_w)
+            if aux_loss is not None:
+                aux_losses.append(aux_loss)
+            if output_hidden_states:
+                all_hidden.append(hidden_states)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
+            if output_hidden_states:
+                all_hidden[-1] = hidden_states
+        return ZooDecoderOutput(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_self) if output_attentions else None,
+            cross_attentions=tuple(all_cross) if output_attentions else None,
+            aux_loss=torch.stack(aux_losses).sum() if aux_losses else None,
+        )
