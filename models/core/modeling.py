@@ -122,7 +122,9 @@ class ZooModel(ZooPreTrainedModel):
             token_type_ids,
             position_ids,
             inputs_embeds,
-            output_attentions=bool(output_attentions if output_attentions is not None else self.config.output_attentions),
+            output_attentions=bool(
+                output_attentions if output_attentions is not None else self.config.output_attentions
+            ),
             output_hidden_states=bool(
                 output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
             ),
@@ -199,8 +201,14 @@ class ZooForMaskedLM(_EncoderHeadMixin, ZooPreTrainedModel):
             num_items_in_batch (`int`, *optional*): number of target tokens in the accumulated batch (Trainer).
         """
         out, return_dict = self.run_encoder(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict,
         )
         logits = self.lm_head(out.last_hidden_state)
         loss = None
@@ -249,8 +257,14 @@ class ZooForSequenceClassification(_EncoderHeadMixin, ZooPreTrainedModel):
                 `[0, num_labels)`, regression targets (`num_labels == 1`) or multi-hot targets.
         """
         out, return_dict = self.run_encoder(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_attentions, output_hidden_states, return_dict,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict,
         )
         logits = self.classifier(out.last_hidden_state, attention_mask)
         loss = None
@@ -362,8 +376,13 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if encoder_outputs is None:
             encoder_outputs = self.model.encoder(
-                input_ids, attention_mask, token_type_ids, None, inputs_embeds,
-                output_attentions=oa, output_hidden_states=oh,
+                input_ids,
+                attention_mask,
+                token_type_ids,
+                None,
+                inputs_embeds,
+                output_attentions=oa,
+                output_hidden_states=oh,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = ZooModelOutput(*encoder_outputs)

@@ -88,7 +88,9 @@ class Encoder(nn.Module):
         output_hidden_states: bool = False,
         return_dict: bool = True,
     ) -> ZooModelOutput | tuple:
-        batch, length = check_inputs(input_ids, inputs_embeds, self.config.max_position_embeddings, "max_position_embeddings")
+        batch, length = check_inputs(
+            input_ids, inputs_embeds, self.config.max_position_embeddings, "max_position_embeddings"
+        )
         check_token_ids(input_ids, self.config.vocab_size)
         key_valid = key_valid_from_attention_mask(attention_mask, batch, length)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
@@ -155,7 +157,9 @@ class Decoder(nn.Module):
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         batch, length = check_inputs(
-            input_ids, inputs_embeds, self.config.decoder_max_position_embeddings - past_length,
+            input_ids,
+            inputs_embeds,
+            self.config.decoder_max_position_embeddings - past_length,
             "decoder_max_position_embeddings",
         )
         check_token_ids(input_ids, self.config.vocab_size)
