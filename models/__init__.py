@@ -23,6 +23,7 @@ from .dense import (
     DenseTransformerForSequenceClassification,
     DenseTransformerModel,
 )
+from .pipelines import SparseSummarizationPipeline, summarize
 from .registry import FAMILIES, Family, register_family
 
 __all__ = [
@@ -33,8 +34,10 @@ __all__ = [
     "DenseTransformerForSequenceClassification",
     "DenseTransformerModel",
     "Family",
+    "SparseSummarizationPipeline",
     "ZooConfig",
     "__version__",
     "dense",
     "register_family",
+    "summarize",
 ]
