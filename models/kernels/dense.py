@@ -1,0 +1,60 @@
+"""Dense masked attention: the plain reference path every method is tested against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def dense_masked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    training: bool = False,
+    return_weights: bool = False,
+    logit_bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Materialised softmax attention with a boolean mask.
+
+    The softmax runs in (at least) fp32 and is cast back to the input dtype. Query rows whose mask has no `True`
+    entry get exactly zero weights and output (never NaN, also in backward).
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, Nq, d)`): queries.
+        k (`torch.Tensor` of shape `(B, H, Nk, d)`): keys.
+        v (`torch.Tensor` of shape `(B, H, Nk, d)`): values.
+        mask (`torch.BoolTensor`, *optional*): broadcastable to `(B, H, Nq, Nk)`; `True` means "may attend".
+        dropout_p (`float`, *optional*, defaults to 0.0): dropout probability on the attention weights.
+        scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
+        training (`bool`, *optional*, defaults to `False`): dropout is only applied when `True`.
+        return_weights (`bool`, *optional*, defaults to `False`): also return the attention weights.
+        logit_bias (`torch.Tensor`, *optional*): broadcastable to `(B, H, Nq, Nk)`; added to the scaled logits
+            (differentiable), e.g. SBM's straight-through term.
+
+    Returns:
+        `tuple(torch.Tensor, torch.Tensor | None)`: the output of shape `(B, H, Nq, d)` and, if `return_weights`,
+        the weights of shape `(B, H, Nq, Nk)` after dropout (as HF's eager attention returns them), else `None`.
+    """
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, got {mask.dtype}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    softmax_dtype = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q, k.transpose(-1, -2)).to(softmax_dtype) * scale  # (B, H, Nq, Nk)
+    if logit_bias is not None:
+        scores = scores + logit_bias.to(softmax_dtype)
+    if mask is not None:
+        # finfo.min instead of -inf keeps fully masked rows finite; they are zeroed right after the softmax.
+        scores = scores.masked_fill(~mask, torch.finfo(softmax_dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    weights = weights.to(q.dtype)
+    if training and dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    out = torch.matmul(weights, v)  # (B, H, Nq, d)
+    return out, (weights if return_weights else None)
