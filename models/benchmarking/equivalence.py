@@ -1,0 +1,56 @@
+"""Before timing: does a family's fast path compute what its `attention_backend="reference"` path computes?"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from .models import BenchModel, make_inputs
+from .settings import BenchmarkSettings
+from .workload import hidden_loss
+
+
+def check_equivalence(row: BenchModel, settings: BenchmarkSettings, length: int) -> dict[str, Any]:
+    """Compare a family's fast path with `attention_backend="reference"` on the same weights (fp32, eval mode).
+
+    Eval mode makes sampling methods deterministic; both outputs and every parameter gradient of
+    `mean(last_hidden_state ** 2)` must agree within `atol + rtol * max|reference|`.
+    """
+    atol, rtol = 1e-4, 2e-3
+    try:
+        torch.manual_seed(settings.seed)
+        fast = row.build(settings.size, length).to(settings.device)
+        reference_config = copy.deepcopy(fast.config)
+        reference_config.attention_backend = "reference"
+        reference = type(fast)(reference_config).to(settings.device).eval()
+        reference.load_state_dict(fast.state_dict())
+        inputs = make_inputs(row, settings.size, 1, length, settings.device, settings.seed)
+        outputs = []
+        for model in (fast, reference):
+            hidden = model(**inputs).last_hidden_state
+            hidden_loss(hidden).backward()
+            grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+            outputs.append((hidden.detach(), grads))
+        (out_fast, grads_fast), (out_ref, grads_ref) = outputs
+        output_error = float((out_fast - out_ref).abs().max()) / (atol + rtol * float(out_ref.abs().max()))
+        # Some gradients are zero in exact arithmetic (the key bias: softmax ignores a per-query constant), so the
+        # absolute tolerance of each gradient scales with the largest gradient of the model, not its own.
+        grad_scale = max((float(g.abs().max()) for g in grads_ref.values()), default=0.0)
+        grad_error = 0.0
+        for name, grad_ref in grads_ref.items():
+            if name in grads_fast:
+                diff = float((grads_fast[name] - grad_ref).abs().max())
+                grad_error = max(grad_error, diff / (atol * grad_scale + rtol * float(grad_ref.abs().max()) + 1e-30))
+        passed = output_error <= 1 and grad_error <= 1 and grads_fast.keys() == grads_ref.keys()
+        return {
+            "length": length,
+            "passed": bool(passed),
+            # error / tolerance: pass at <= 1
+            "output_error": output_error,
+            "grad_error": grad_error,
+            "error": None,
+        }
+    except Exception as err:  # noqa: BLE001 - a broken family must not stop the benchmark of the others
+        return {"length": length, "passed": False, "error": f"{type(err).__name__}: {err}"}
