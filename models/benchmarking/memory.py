@@ -73,7 +73,7 @@ def in_process_memory(workload: Workload, settings: BenchmarkSettings) -> dict[s
     """In-process memory numbers of a workload: saved-for-backward bytes, and on CUDA the peak per mode."""
     result: dict[str, Any] = {"saved_bytes": workload.saved_for_backward_bytes()}
     if settings.device == "cuda":
-        # The workload was just timed in this process, so it needs no warm-up step.
+        # The saved-bytes count above dropped the gradients: one warm-up step re-creates them before the peak.
         result["cuda_peak_bytes"] = step_peaks(workload, cuda_peak_bytes, warm_up=True)
     return result
 
