@@ -71,6 +71,15 @@ class ZooPreTrainedModel(PreTrainedModel):
     decoder_self_attention_class: ClassVar[type[ZooAttention]] = DenseAttention
     #: attention from decoder to encoder (dense unless the method supports cross-attention)
     cross_attention_class: ClassVar[type[ZooAttention]] = DenseAttention
+    #: encoder stack (a family whose attention needs encoder-level inputs, like Smart Bird's sketch, subclasses it)
+    encoder_class: ClassVar[type[Encoder]] = Encoder
+
+    def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
+        # transformers skips `_init_weights` for custom-code modules that own no direct parameters (a guard for code
+        # that writes weights in place). Every init here goes through `transformers.initialization`, which skips
+        # loaded tensors itself, so the guard is not needed, and it would skip method attentions whose own
+        # parameters live in child modules.
+        super()._initialize_weights(module, is_custom_code=False)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -88,7 +97,7 @@ class ZooModel(ZooPreTrainedModel):
 
     def __init__(self, config: ZooConfig):
         super().__init__(config)
-        self.encoder = Encoder(config, self.attention_class)
+        self.encoder = self.encoder_class(config, self.attention_class)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -297,7 +306,7 @@ class Seq2SeqCore(nn.Module):
 
     def __init__(self, config: ZooConfig, owner: type[ZooPreTrainedModel]):
         super().__init__()
-        self.encoder = Encoder(config, owner.attention_class)
+        self.encoder = owner.encoder_class(config, owner.attention_class)
         self.decoder = Decoder(config, owner.decoder_self_attention_class, owner.cross_attention_class)
 
 
