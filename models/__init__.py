@@ -14,7 +14,14 @@ if __name__ != "attnzoo":
 
 __version__ = "0.1.0"
 
-from . import dense
+from . import a2former, dense, sparse_transformer
+from .a2former import (
+    A2FormerConfig,
+    A2FormerForConditionalGeneration,
+    A2FormerForMaskedLM,
+    A2FormerForSequenceClassification,
+    A2FormerModel,
+)
 from .core import ZooConfig
 from .dense import (
     DenseTransformerConfig,
@@ -25,9 +32,21 @@ from .dense import (
 )
 from .pipelines import SparseSummarizationPipeline, summarize
 from .registry import FAMILIES, Family, register_family
+from .sparse_transformer import (
+    SparseTransformerConfig,
+    SparseTransformerForConditionalGeneration,
+    SparseTransformerForMaskedLM,
+    SparseTransformerForSequenceClassification,
+    SparseTransformerModel,
+)
 
 __all__ = [
     "FAMILIES",
+    "A2FormerConfig",
+    "A2FormerForConditionalGeneration",
+    "A2FormerForMaskedLM",
+    "A2FormerForSequenceClassification",
+    "A2FormerModel",
     "DenseTransformerConfig",
     "DenseTransformerForConditionalGeneration",
     "DenseTransformerForMaskedLM",
@@ -35,9 +54,16 @@ __all__ = [
     "DenseTransformerModel",
     "Family",
     "SparseSummarizationPipeline",
+    "SparseTransformerConfig",
+    "SparseTransformerForConditionalGeneration",
+    "SparseTransformerForMaskedLM",
+    "SparseTransformerForSequenceClassification",
+    "SparseTransformerModel",
     "ZooConfig",
     "__version__",
+    "a2former",
     "dense",
     "register_family",
+    "sparse_transformer",
     "summarize",
 ]

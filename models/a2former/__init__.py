@@ -1,0 +1,44 @@
+"""A²-Former family (`model_type="a2former"`), registered with the Auto classes on import.
+
+Also provides [`interpolated_attention`], a CSR kernel for attention over K points at fractional key positions
+(with its dense reference), usable by any method that samples interpolated keys.
+"""
+
+from ..registry import Family, register_family
+from .attention_a2former import A2FormerAttention
+from .configuration_a2former import A2FormerConfig
+from .interpolated import interpolated_attention, interpolated_attention_reference
+from .modeling_a2former import (
+    A2FormerForConditionalGeneration,
+    A2FormerForMaskedLM,
+    A2FormerForSequenceClassification,
+    A2FormerModel,
+    A2FormerPreTrainedModel,
+)
+
+register_family(
+    Family(
+        name="a2former",
+        config_class=A2FormerConfig,
+        model_class=A2FormerModel,
+        masked_lm_class=A2FormerForMaskedLM,
+        sequence_classification_class=A2FormerForSequenceClassification,
+        conditional_generation_class=A2FormerForConditionalGeneration,
+        attention_class=A2FormerAttention,
+    )
+)
+
+#: Benchmark variants (config overrides) timed next to the default fast path.
+BENCHMARK_VARIANTS: dict[str, dict] = {"linear_weights": {"attention_weights": "linear"}}
+
+__all__ = [
+    "A2FormerAttention",
+    "A2FormerConfig",
+    "A2FormerForConditionalGeneration",
+    "A2FormerForMaskedLM",
+    "A2FormerForSequenceClassification",
+    "A2FormerModel",
+    "A2FormerPreTrainedModel",
+    "interpolated_attention",
+    "interpolated_attention_reference",
+]

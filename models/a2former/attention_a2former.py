@@ -1,0 +1,232 @@
+"""A²-Former attention: every query attends to K points at learned fractional positions, read by interpolation.
+
+Selection (:meth:`A2FormerAttention.sample_positions`): offsets predicted per head from the query token are added to
+the query's own index (the meta position), bounded to the sample's real tokens (and to the past when causal) and
+split into two integer neighbours plus an interpolation weight. Compute: [`interpolated_attention`] (CSR SDDMM /
+SpMM with 2K edges per query) or, with `attention_backend="reference"`, the dense interpolation matrix on the same
+positions and weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import transformers.initialization as init
+from torch import nn
+from transformers.cache_utils import Cache
+
+from ..core.attention import AttentionOutput, ZooAttention
+from ..kernels.dropout import sample_keep_mask
+from .configuration_a2former import A2FormerConfig
+from .interpolated import interpolated_attention, interpolated_attention_reference
+
+
+def spread_offsets(num_heads: int, num_points: int) -> torch.Tensor:
+    """Initial offsets `(H, K)`: `{-K/2, ..., -1, 1, ..., K - K/2}` tokens, scaled by `h + 1` for head `h`."""
+    half = num_points // 2
+    base = torch.cat((torch.arange(-half, 0), torch.arange(1, num_points - half + 1))).float()  # (K,)
+    return torch.arange(1, num_heads + 1).float()[:, None] * base  # (H, K)
+
+
+class A2FormerAttention(ZooAttention):
+    """A²-Former self-attention (Zhang et al., 2023), multi-head in the Deformable-DETR style.
+
+    For query `i` and head `h`: `p = i + offset_scale * (x_i W_off + b_off)` (K points), bounded to the real tokens
+    of the sample (`[first, last]`, contiguous padding assumed) and, when causal, to `[first, i + query_offset]`.
+    Keys and values are interpolated at `p` from the projected K/V (interpolation commutes with the affine
+    projections), the K points are weighted by a softmax over `<q, k~> / sqrt(d)` (or over a learned linear map of
+    `x_i` with `attention_weights="linear"`), and `out = sum_k alpha_k v~_k`. Deterministic, so eval and training
+    differ only by dropout. Decoder use is supported (`is_causal=True`, works with the KV cache since a query's
+    positions depend only on its own token and index); cross-attention is not (the paper defines none).
+    """
+
+    supports_causal = True
+
+    def __init__(
+        self, config: A2FormerConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
+    ):
+        super().__init__(config, is_causal=is_causal, is_cross_attention=is_cross_attention, layer_idx=layer_idx)
+        self.num_points = config.num_sample_points
+        self.offset_scale = float(config.offset_scale)
+        num_outputs = self.num_heads * self.num_points
+        # Direct parameters (not nn.Linear children): HF's initialisation only reaches a module's own init when it
+        # owns parameters, and these need the method's initialisation, not the generic normal one.
+        self.offset_weight = nn.Parameter(torch.empty(num_outputs, config.hidden_size))
+        self.offset_bias = nn.Parameter(torch.empty(num_outputs))
+        if config.attention_weights == "linear":
+            self.point_logit_weight = nn.Parameter(torch.empty(num_outputs, config.hidden_size))
+            self.point_logit_bias = nn.Parameter(torch.empty(num_outputs))
+        else:
+            self.point_logit_weight = self.point_logit_bias = None
+
+    def init_method_weights(self) -> None:
+        """Zero offset weights with a grid bias (initial positions exactly on the grid), zero linear logits."""
+        init.zeros_(self.offset_weight)
+        if self.config.offset_bias_init == "spread":
+            grid = spread_offsets(self.num_heads, self.num_points) / self.offset_scale
+            init.copy_(self.offset_bias, grid.reshape(-1).to(self.offset_bias))
+        else:
+            init.zeros_(self.offset_bias)
+        if self.point_logit_weight is not None:
+            init.zeros_(self.point_logit_weight)
+            init.zeros_(self.point_logit_bias)
+
+    def _per_head(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, N, H * K) -> (B, H, N, K)
+        return x.view(x.shape[0], x.shape[1], self.num_heads, self.num_points).transpose(1, 2)
+
+    def predict_offsets(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Offsets in tokens `(B, H, N, K)` (fp32: bf16 cannot hold fractional positions beyond 256) and, in linear
+        mode, the point logits `(B, H, N, K)`."""
+        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+            x = hidden_states.to(dtype)
+            offsets = self._per_head(F.linear(x, self.offset_weight.to(dtype), self.offset_bias.to(dtype)))
+            logits = None
+            if self.point_logit_weight is not None:
+                weight, bias = self.point_logit_weight.to(dtype), self.point_logit_bias.to(dtype)
+                logits = self._per_head(F.linear(x, weight, bias))
+        return offsets * self.offset_scale, logits
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_valid: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> AttentionOutput:
+        """Arguments as [`~attnzoo.core.ZooAttention.forward`]; the offsets come from `hidden_states`."""
+        q, k, v = self.project_qkv(hidden_states, key_value_states, past_key_values)
+        query_offset = k.shape[2] - q.shape[2] if self.is_causal else 0
+        offsets, point_logits = self.predict_offsets(hidden_states)
+        out = self.attend(
+            q,
+            k,
+            v,
+            key_valid,
+            query_offset=query_offset,
+            output_attentions=output_attentions,
+            offsets=offsets,
+            point_logits=point_logits,
+        )
+        merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
+        out.hidden_states = self.o_proj(merged)
+        return out
+
+    def key_span(
+        self, key_valid: torch.Tensor | None, batch: int, num_keys: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """First and last real key `(B,)` of every sample (last < first for a sample without real keys)."""
+        if key_valid is None:
+            return torch.zeros(batch, device=device), torch.full((batch,), num_keys - 1.0, device=device)
+        index = torch.arange(num_keys, device=device)
+        first = torch.where(key_valid, index, num_keys).amin(-1)
+        last = torch.where(key_valid, index, -1).amax(-1)
+        count = key_valid.sum(-1)
+        # Interpolating between the ends of a span would read the padding in a hole.
+        if bool(((count > 0) & (count != last - first + 1)).any()):
+            raise ValueError("A2FormerAttention needs the real tokens of each sample to be contiguous (no holes).")
+        return first.float(), last.float()
+
+    def sample_positions(
+        self, offsets: torch.Tensor, key_valid: torch.Tensor | None, num_keys: int, query_offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Selection step: bounded positions and their interpolation structure.
+
+        Args:
+            offsets (`torch.Tensor` of shape `(B, H, Nq, K)`): offsets in tokens from the meta position.
+            key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): real keys.
+            num_keys (`int`): key length `Nk`.
+            query_offset (`int`): absolute index of the first query (cached keys before it).
+
+        Returns:
+            positions `(B, H, Nq, K)` (float, differentiable), `i0`, `i1` `(B, H, Nq, K)` (long neighbours),
+            `row_valid` `(B, 1, Nq, 1)` (bool: the query has at least one key to look at).
+        """
+        B, _, Nq, _ = offsets.shape
+        first, last = self.key_span(key_valid, B, num_keys, offsets.device)
+        meta = (torch.arange(Nq, device=offsets.device) + query_offset).float().view(1, 1, Nq, 1)
+        lo = first.view(B, 1, 1, 1)
+        hi = last.view(B, 1, 1, 1)
+        if self.is_causal:
+            hi = torch.minimum(hi, meta)  # never the future
+        row_valid = hi >= lo  # (B, 1, Nq or 1, 1)
+        lo = torch.where(row_valid, lo, 0.0)
+        hi = torch.where(row_valid, hi, 0.0)
+        raw = meta + offsets
+        if self.config.position_bound == "clamp":
+            positions = torch.clamp(raw, lo, hi)
+        else:
+            span = hi - lo
+            folded = torch.remainder(raw - lo, torch.clamp(2.0 * span, min=1.0))
+            positions = torch.where(span > 0, lo + span - (span - folded).abs(), lo)
+        i0 = torch.minimum(positions.detach().floor(), hi).long()
+        i1 = torch.minimum(i0 + 1, hi.long())
+        return positions, i0, i1, row_valid.expand(B, 1, Nq, 1)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_valid: torch.Tensor | None,
+        *,
+        query_offset: int = 0,
+        output_attentions: bool = False,
+        offsets: torch.Tensor | None = None,
+        point_logits: torch.Tensor | None = None,
+    ) -> AttentionOutput:
+        """A² attention over head-split `(B, H, N, d)` tensors.
+
+        Args:
+            offsets (`torch.Tensor` of shape `(B, H, Nq, K)`): offsets in tokens from :meth:`predict_offsets`
+                (required: they come from the query tokens, which `attend` does not see).
+            point_logits (`torch.Tensor` of shape `(B, H, Nq, K)`, *optional*): logits of the linear weight mode.
+        """
+        if offsets is None:
+            raise ValueError("A2FormerAttention.attend needs `offsets` (see `predict_offsets`); call the module.")
+        num_keys = k.shape[2]
+        positions, i0, i1, row_valid = self.sample_positions(offsets, key_valid, num_keys, query_offset)
+        w1 = positions - i0  # carries the position gradient
+        logit_bias = point_logits
+        if not bool(row_valid.all()):
+            # Rows without any real key: -inf on every point gives exact zeros.
+            empty = torch.zeros(row_valid.shape, device=q.device).masked_fill(~row_valid, float("-inf"))
+            logit_bias = empty if logit_bias is None else logit_bias + empty
+        keep = None
+        if self.training and self.dropout > 0:
+            keep = sample_keep_mask(tuple(i0.shape), self.dropout, q.device)
+        kwargs = {
+            "logit_bias": None if logit_bias is None else logit_bias.expand(i0.shape),
+            "dot_product": point_logits is None,
+            "scale": self.scaling,
+            "keep": keep,
+            "dropout_p": self.dropout,
+        }
+        weights = None
+        if self.config.attention_backend == "reference":
+            out, weights = interpolated_attention_reference(q, k, v, i0, i1, w1, **kwargs)
+        else:
+            out = interpolated_attention(q, k, v, i0, i1, w1, **kwargs)
+            if output_attentions:
+                with torch.no_grad():
+                    weights = interpolated_attention_reference(q, k, v, i0, i1, w1, **kwargs)[1]
+        return AttentionOutput(
+            hidden_states=out,
+            attn_weights=weights if output_attentions else None,
+            density=self._density(i0, i1, w1, row_valid, key_valid, num_keys),
+        )
+
+    @torch.no_grad()
+    def _density(self, i0, i1, w1, row_valid, key_valid, num_keys) -> torch.Tensor:
+        """Per head: distinct keys with non-zero weight per query / real keys of the sample, averaged over queries."""
+        keys = torch.cat((i0.masked_fill(w1 >= 1, -1), i1.masked_fill(w1 <= 0, -1)), -1).sort(-1).values
+        distinct = ((keys[..., 1:] != keys[..., :-1]) & (keys[..., 1:] >= 0)).sum(-1) + (keys[..., 0] >= 0).long()
+        real = float(num_keys) if key_valid is None else key_valid.sum(-1).clamp(min=1).float().view(-1, 1, 1)
+        frac = distinct.float() / real  # (B, H, Nq)
+        rows = row_valid[..., 0].expand_as(frac)
+        if key_valid is not None:
+            # Padded queries (the last Nq keys are the queries in self-attention) do not count.
+            rows = rows & key_valid[:, None, -frac.shape[-1] :]
+        return (frac * rows).sum((0, 2)) / rows.sum((0, 2)).clamp(min=1)
