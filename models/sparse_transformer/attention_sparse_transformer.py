@@ -1,0 +1,473 @@
+"""Sparse Transformer attention (Child et al., 2019): strided and fixed factorised patterns.
+
+Selection and compute are separate. The selection step is closed-form: :func:`sub_pattern_mask` evaluates a
+sub-pattern for any query/key positions (the reference path and incremental decoding use it) and
+:func:`merged_pattern_edges` lists the deduplicated (query, key) pairs of a merged pattern for one length (cached).
+The compute step never builds an `N x N` mask:
+
+- split / interleaved heads: every sub-pattern is a reshape of the sequence followed by SDPA (local window = blocks
+  of `l` queries against their `3l` (causal: `2l`) neighbouring keys; same residue = the transposed `(l, N / l)`
+  view; own block = block-diagonal view; summary = all queries against the gathered summary columns);
+- merged fixed heads: blocks of `l` queries against [own non-summary keys ‖ all summary keys] (one SDPA call);
+- merged strided heads need one softmax over a window and a residue class, which no reshape gives: the shared CSR
+  edge kernel runs over the cached edge list.
+
+Lengths that are not a multiple of `l` are padded internally with masked keys and sliced back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..core.attention import AttentionOutput, ZooAttention
+from ..kernels import batch_head_offsets, edge_attention, flatten_heads, unflatten_heads
+from .configuration_sparse_transformer import SparseTransformerConfig
+
+#: the two sub-patterns (A1, A2) of each pattern
+SUB_PATTERNS = {"strided": ("local", "residue"), "fixed": ("block", "summary")}
+
+
+@dataclass(frozen=True)
+class PatternSpec:
+    """Everything that defines the pattern of one attention module (hashable: it keys the caches).
+
+    Args:
+        stride (`int`): stride / block length `l`.
+        summary_size (`int`): summary positions `c` per block (fixed pattern).
+        causal (`bool`): keys after the query are excluded.
+        first_column (`bool`): the summary sub-pattern also keeps the first position of every block (LRA).
+        global_first (`bool`): the first token attends to every key and every query attends to it (LRA's CLS).
+    """
+
+    stride: int
+    summary_size: int
+    causal: bool
+    first_column: bool = False
+    global_first: bool = False
+
+
+def summary_positions(length: int, spec: PatternSpec, device: torch.device | None = None) -> Tensor:
+    """Positions `j < length` of the fixed pattern's summary columns, ascending."""
+    j = torch.arange(length, device=device)
+    offset = j % spec.stride
+    keep = offset >= spec.stride - spec.summary_size
+    if spec.first_column:
+        keep |= offset == 0
+    return j[keep]
+
+
+def sub_pattern_mask(kind: str, q_pos: Tensor, k_pos: Tensor, spec: PatternSpec) -> Tensor:
+    """`(Nq, Nk)` boolean mask of one sub-pattern for arbitrary query and key positions (True = attended).
+
+    Args:
+        kind (`str`): `"local"`, `"residue"` (strided A1, A2), `"block"` or `"summary"` (fixed A1, A2).
+        q_pos (`torch.LongTensor` of shape `(Nq,)`): absolute query positions.
+        k_pos (`torch.LongTensor` of shape `(Nk,)`): absolute key positions.
+        spec ([`PatternSpec`]): the pattern.
+    """
+    i, j = q_pos[:, None], k_pos[None, :]
+    stride = spec.stride
+    if kind == "local":
+        mask = (i - j).abs() <= stride
+    elif kind == "residue":
+        mask = torch.remainder(i - j, stride) == 0
+    elif kind == "block":
+        mask = torch.div(i, stride, rounding_mode="floor") == torch.div(j, stride, rounding_mode="floor")
+    elif kind == "summary":
+        offset = j % stride
+        mask = (offset >= stride - spec.summary_size).expand(i.shape[0], -1)
+        if spec.first_column:
+            mask = mask | (offset == 0)
+    else:
+        raise ValueError(f"unknown sub-pattern {kind!r}")
+    if spec.causal:
+        mask = mask & (j <= i)
+    return mask
+
+
+def pattern_mask(kinds: tuple[tuple[str, ...], ...], q_pos: Tensor, k_pos: Tensor, spec: PatternSpec) -> Tensor:
+    """`(H, Nq, Nk)` mask: head `h` attends to the union of the sub-patterns `kinds[h]` (plus LRA's CLS rule)."""
+    cache: dict[tuple[str, ...], Tensor] = {}
+    masks = []
+    for head_kinds in kinds:
+        if head_kinds not in cache:
+            mask = torch.zeros(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
+            for kind in head_kinds:
+                mask |= sub_pattern_mask(kind, q_pos, k_pos, spec)
+            if spec.global_first:
+                mask |= (q_pos == 0)[:, None] | (k_pos == 0)[None, :]
+            cache[head_kinds] = mask
+        masks.append(cache[head_kinds])
+    return torch.stack(masks)
+
+
+def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec) -> tuple[Tensor, Tensor]:
+    """Unsorted `(rows, cols)` of one sub-pattern for `length` tokens, built from candidate offsets (O(N * K))."""
+    stride = spec.stride
+    i = torch.arange(length)[:, None]
+    if kind == "local":
+        cols = i - torch.arange(0 if spec.causal else -stride, stride + 1)
+    elif kind == "residue":
+        reach = math.ceil(length / stride)
+        cols = i - stride * torch.arange(0 if spec.causal else -reach, reach + 1)
+    elif kind == "block":
+        cols = torch.div(i, stride, rounding_mode="floor") * stride + torch.arange(stride)
+    else:
+        cols = summary_positions(length, spec)[None, :].expand(length, -1)
+    rows = i.expand_as(cols)
+    keep = (cols >= 0) & (cols < length)
+    if spec.causal:
+        keep &= cols <= rows
+    return rows[keep], cols[keep]
+
+
+@lru_cache(maxsize=32)
+def _merged_pattern_edges_cpu(kinds: tuple[str, ...], length: int, spec: PatternSpec) -> tuple[Tensor, Tensor]:
+    parts = [_sub_pattern_edges(kind, length, spec) for kind in kinds]
+    if spec.global_first:
+        every = torch.arange(length)
+        parts += [(torch.zeros_like(every), every), (every, torch.zeros_like(every))]
+    rows = torch.cat([r for r, _ in parts])
+    cols = torch.cat([c for _, c in parts])
+    # A key in both sub-patterns (e.g. j = i, or the own block's summary columns) must count once in the softmax.
+    flat = torch.unique(rows * length + cols)  # sorted, so rows come out non-decreasing
+    return torch.div(flat, length, rounding_mode="floor"), flat % length
+
+
+def merged_pattern_edges(
+    kinds: tuple[str, ...], length: int, spec: PatternSpec, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Row-sorted, duplicate-free `(rows, cols)` of the union of `kinds` for `length` tokens (one head)."""
+    rows, cols = _merged_pattern_edges_cpu(kinds, length, spec)
+    return rows.to(device), cols.to(device)
+
+
+def _pad_length(x: Tensor, length: int, dim: int = 2, value: float | bool = 0) -> Tensor:
+    """Right-pad `x` along `dim` to `length` (no copy when nothing is missing)."""
+    missing = length - x.shape[dim]
+    if missing == 0:
+        return x
+    pad = [0, 0] * (x.dim() - dim - 1) + [0, missing]
+    return F.pad(x, pad, value=value)
+
+
+def _valid_keys(key_valid: Tensor | None, batch: int, length: int, padded: int, device: torch.device) -> Tensor:
+    """`(B, padded)` key validity: real, non-padding keys; internal padding beyond `length` is invalid."""
+    if key_valid is None:
+        key_valid = torch.ones(batch, length, dtype=torch.bool, device=device)
+    return _pad_length(key_valid, padded, dim=1, value=False)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float, scale: float):
+    # Fully masked rows (padding only) come out as zeros from SDPA's CPU and CUDA kernels; the attention contract
+    # asks for that, and the caller zeroes them again where it matters.
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale
+    )
+
+
+def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
+    """Strided A1, `|i - j| <= l` (causal: `0 <= i - j <= l`): blocks of `l` queries against their neighbour blocks.
+
+    Computes `3l` (causal: `2l`) scores per query instead of `N`; the band mask is `(nb, l, 3l)`.
+    """
+    batch, heads, length, dim = q.shape
+    stride = spec.stride
+    blocks = math.ceil(length / stride)
+    padded = blocks * stride
+    width = 2 * stride if spec.causal else 3 * stride
+    after = padded - length + (0 if spec.causal else stride)
+    # Key window of block b covers positions (b - 1) * l ... (b - 1) * l + width - 1.
+    k_win = F.pad(k, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)  # (B, h, nb, w, d)
+    v_win = F.pad(v, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)
+    valid = _valid_keys(key_valid, batch, length, padded, q.device)
+    valid_win = F.pad(valid, (stride, after - (padded - length)), value=False).unfold(1, width, stride)  # (B, nb, w)
+    r = torch.arange(stride, device=q.device)[:, None]
+    t = torch.arange(width, device=q.device)[None, :]
+    band = (t >= r) & (t <= r + (stride if spec.causal else 2 * stride))  # (l, w): i - j = r - t + l
+    mask = band[None, None] & valid_win[:, :, None, :]  # (B, nb, l, w)
+    mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch, heads * blocks, stride, width)
+    q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
+    out = _sdpa(
+        q_blocks,
+        k_win.reshape(batch, heads * blocks, width, dim),
+        v_win.reshape(batch, heads * blocks, width, dim),
+        mask,
+        False,
+        dropout_p,
+        scale,
+    )
+    return out.reshape(batch, heads, padded, dim)[:, :, :length]
+
+
+def residue_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
+    """Strided A2, `(i - j) mod l == 0`: attention inside each residue class on the transposed `(l, N / l)` view.
+
+    Row-major order is kept inside a class, so the causal variant is SDPA's own causal mask.
+    """
+    batch, heads, length, dim = q.shape
+    stride = spec.stride
+    blocks = math.ceil(length / stride)
+    padded = blocks * stride
+
+    def to_classes(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h * l, nb, d)
+        x = _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).transpose(2, 3)
+        return x.reshape(batch, heads * stride, blocks, dim)
+
+    mask = None
+    if key_valid is not None or padded != length:
+        valid = _valid_keys(key_valid, batch, length, padded, q.device)
+        valid = valid.reshape(batch, 1, blocks, stride).transpose(2, 3)  # (B, 1, l, nb)
+        mask = valid.expand(-1, heads, -1, -1).reshape(batch, heads * stride, 1, blocks)
+        if spec.causal:
+            mask = mask & torch.ones(blocks, blocks, dtype=torch.bool, device=q.device).tril()
+    out = _sdpa(to_classes(q), to_classes(k), to_classes(v), mask, spec.causal, dropout_p, scale)
+    out = out.reshape(batch, heads, stride, blocks, dim).transpose(2, 3)
+    return out.reshape(batch, heads, padded, dim)[:, :, :length]
+
+
+def block_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
+    """Fixed A1, `floor(i / l) == floor(j / l)`: block-diagonal attention on the `(N / l, l)` view."""
+    batch, heads, length, dim = q.shape
+    stride = spec.stride
+    blocks = math.ceil(length / stride)
+    padded = blocks * stride
+
+    def to_blocks(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h * nb, l, d)
+        return _pad_length(x, padded).reshape(batch, heads * blocks, stride, dim)
+
+    mask = None
+    if key_valid is not None or padded != length:
+        valid = _valid_keys(key_valid, batch, length, padded, q.device).reshape(batch, 1, blocks, 1, stride)
+        mask = valid.expand(-1, heads, -1, -1, -1).reshape(batch, heads * blocks, 1, stride)
+        if spec.causal:
+            mask = mask & torch.ones(stride, stride, dtype=torch.bool, device=q.device).tril()
+    out = _sdpa(to_blocks(q), to_blocks(k), to_blocks(v), mask, spec.causal, dropout_p, scale)
+    return out.reshape(batch, heads, padded, dim)[:, :, :length]
+
+
+def summary_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
+    """Fixed A2, `j mod l >= l - c`: every query against the `c * N / l` gathered summary keys (one SDPA call)."""
+    length = q.shape[2]
+    positions = summary_positions(length, spec, q.device)  # (S,)
+    if positions.numel() == 0:
+        return torch.zeros_like(q)
+    k_sum, v_sum = k.index_select(2, positions), v.index_select(2, positions)  # (B, h, S, d)
+    mask = None
+    if spec.causal:
+        mask = (positions[None, :] <= torch.arange(length, device=q.device)[:, None])[None, None]  # (1, 1, N, S)
+    if key_valid is not None:
+        valid = key_valid.index_select(1, positions)[:, None, None, :]  # (B, 1, 1, S)
+        mask = valid if mask is None else mask & valid
+    return _sdpa(q, k_sum, v_sum, mask, False, dropout_p, scale)
+
+
+def merged_fixed_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
+    """Fixed A1 ∪ A2 in one softmax: each block of `l` queries against [its own non-summary keys ‖ all summary keys].
+
+    Leaving the own block's summary columns out of the first part keeps every key exactly once, so the bidirectional
+    pattern without padding needs no mask at all. The summary keys are copied once per block (`N / l * S` rows).
+    """
+    batch, heads, length, dim = q.shape
+    stride = spec.stride
+    blocks = math.ceil(length / stride)
+    padded = blocks * stride
+    device = q.device
+    positions = summary_positions(length, spec, device)  # (S,)
+    offsets = torch.arange(stride, device=device)
+    own = offsets[~sub_pattern_mask("summary", offsets[:1], offsets, replace(spec, causal=False))[0]]  # (m,)
+
+    def own_keys(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h, nb, m, d)
+        return _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).index_select(3, own)
+
+    def block_keys(x: Tensor) -> Tensor:  # (B, h * nb, m + S, d)
+        summary = x.index_select(2, positions)[:, :, None].expand(-1, -1, blocks, -1, -1)
+        return torch.cat([own_keys(x), summary], dim=3).reshape(batch, heads * blocks, -1, dim)
+
+    mask = None
+    if spec.causal or key_valid is not None or padded != length:
+        valid = _valid_keys(key_valid, batch, length, padded, device)
+        own_mask = valid.reshape(batch, blocks, 1, stride).index_select(3, own)  # (B, nb, 1, m)
+        summary_mask = valid.index_select(1, positions)[:, None, None, :]  # (B, 1, 1, S)
+        if spec.causal:
+            query = torch.arange(padded, device=device).reshape(blocks, stride, 1)  # (nb, l, 1)
+            own_mask = own_mask & (own <= offsets[:, None])  # (B, nb, l, m)
+            summary_mask = summary_mask & (positions <= query)  # (B, nb, l, S)
+        mask = torch.cat(
+            [own_mask.expand(-1, blocks, stride, -1), summary_mask.expand(-1, blocks, stride, -1)], dim=-1
+        )  # (B, nb, l, m + S)
+        mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch, heads * blocks, stride, -1)
+    q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
+    out = _sdpa(q_blocks, block_keys(k), block_keys(v), mask, False, dropout_p, scale)
+    return out.reshape(batch, heads, padded, dim)[:, :, :length]
+
+
+SUB_PATTERN_ATTENTION = {
+    "local": local_window_attention,
+    "residue": residue_attention,
+    "block": block_attention,
+    "summary": summary_attention,
+}
+
+
+def _row_counts(kind: str, length: int, spec: PatternSpec) -> Tensor:
+    """`(N,)` number of keys of one sub-pattern in every row, in closed form."""
+    i, stride = torch.arange(length), spec.stride
+    if kind == "local":
+        low = (i - stride).clamp(min=0)
+        return (i if spec.causal else (i + stride).clamp(max=length - 1)) - low + 1
+    if kind == "residue":
+        return i // stride + 1 if spec.causal else (length - 1 - i % stride) // stride + 1
+    if kind == "block":
+        return i % stride + 1 if spec.causal else (length - i // stride * stride).clamp(max=stride)
+    positions = summary_positions(length, spec)
+    if spec.causal:
+        return torch.searchsorted(positions, i, right=True)
+    return torch.full((length,), positions.numel())
+
+
+def _overlap_counts(kinds: tuple[str, ...], length: int, spec: PatternSpec) -> Tensor:
+    """`(N,)` keys that belong to both sub-patterns of a merged head (counted once in its softmax)."""
+    i, stride = torch.arange(length), spec.stride
+    if kinds == SUB_PATTERNS["strided"]:  # j in {i - l, i, i + l}
+        return 1 + (i >= stride).long() + (0 if spec.causal else (i + stride < length).long())
+    # fixed: the summary columns of the own block (up to i when causal)
+    positions = summary_positions(length, spec)
+    first = i // stride * stride
+    last = i if spec.causal else (first + stride - 1).clamp(max=length - 1)
+    return torch.searchsorted(positions, last, right=True) - torch.searchsorted(positions, first)
+
+
+@lru_cache(maxsize=64)
+def _pattern_counts(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec) -> tuple[int, ...]:
+    """Attended (query, key) pairs of every head at `length` (closed form, `O(N)`)."""
+    counts = []
+    for head_kinds in kinds:
+        rows = sum(_row_counts(kind, length, spec) for kind in head_kinds)
+        if len(head_kinds) > 1:
+            rows = rows - _overlap_counts(head_kinds, length, spec)
+        if spec.global_first:
+            # Row 0 sees every key; column 0 is already a summary column of every row (LRA keeps first columns).
+            rows[0] = length
+        counts.append(int(rows.sum()))
+    return tuple(counts)
+
+
+class SparseTransformerAttention(ZooAttention):
+    """Strided or fixed factorised self-attention (Child et al., 2019), bidirectional or causal with a KV cache.
+
+    The pattern comes from the config (see [`SparseTransformerConfig`]); as decoder self-attention it is always
+    causal. `config.attention_backend="reference"` (and `output_attentions=True`) runs dense masked attention over
+    the same pattern; incremental decoding steps build only the pattern rows of the new queries.
+    `density` is the fraction of the `N x N` (query, key) pairs each head attends to at the padded length `N`.
+    """
+
+    supports_causal = True
+
+    def __init__(self, config: SparseTransformerConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        preset_lra = config.sparse_preset == "lra"
+        self.spec = PatternSpec(
+            stride=config.sparse_stride,
+            summary_size=config.sparse_summary_size,
+            causal=self.is_causal or config.sparse_causal,
+            first_column=preset_lra,
+            # LRA's CLS row looks at every key, which a decoder must never do.
+            global_first=preset_lra and not self.is_causal,
+        )
+        first, second = SUB_PATTERNS[config.sparse_pattern]
+        assignment = config.sparse_head_assignment
+        if assignment == "merged":
+            groups = [(first, second)] * self.num_heads
+        elif assignment == "split":
+            half = math.ceil(self.num_heads / 2)
+            groups = [(first,)] * half + [(second,)] * (self.num_heads - half)
+        else:
+            groups = [(first,) if self.layer_idx % 2 == 0 else (second,)] * self.num_heads
+        #: sub-patterns of every head, e.g. `(("local",), ("local",), ("residue",), ("residue",))`
+        self.head_kinds: tuple[tuple[str, ...], ...] = tuple(groups)
+
+    def pattern_mask(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """`(H, Nq, Nk)` pattern of this module for the given absolute positions (before padding)."""
+        return pattern_mask(self.head_kinds, q_pos, k_pos, self.spec)
+
+    def density(self, length: int, device: torch.device) -> Tensor:
+        """`(H,)` fraction of the `length x length` (query, key) pairs each head attends to."""
+        counts = _pattern_counts(self.head_kinds, length, self.spec)
+        return torch.tensor(counts, dtype=torch.float32, device=device) / float(length * length)
+
+    def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
+        q_len, k_len = q.shape[2], k.shape[2]
+        incremental = q_len != k_len or query_offset != 0
+        if incremental or output_attentions or self.config.attention_backend == "reference":
+            q_pos = torch.arange(q_len, device=q.device) + query_offset
+            mask = self.pattern_mask(q_pos, torch.arange(k_len, device=q.device))[None]  # (1, H, Nq, Nk)
+            if key_valid is not None:
+                mask = mask & key_valid[:, None, None, :]
+            out = self.dense_reference(q, k, v, mask, output_attentions)
+        else:
+            out = AttentionOutput(hidden_states=self.fast_attention(q, k, v, key_valid))
+        if not incremental:
+            out.density = self.density(k_len, q.device)
+        return out
+
+    def fast_attention(self, q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor | None) -> Tensor:
+        """Pattern attention without any `N x N` tensor; `(B, H, N, d)` in and out."""
+        dropout_p = self.dropout if self.training else 0.0
+        if len(self.head_kinds[0]) > 1:
+            return self._merged_attention(q, k, v, key_valid, dropout_p)
+        outs, start = [], 0
+        while start < self.num_heads:
+            kind = self.head_kinds[start][0]
+            stop = start
+            while stop < self.num_heads and self.head_kinds[stop][0] == kind:
+                stop += 1
+            heads = slice(start, stop)
+            outs.append(
+                SUB_PATTERN_ATTENTION[kind](
+                    q[:, heads], k[:, heads], v[:, heads], key_valid, self.spec, dropout_p, self.scaling
+                )
+            )
+            start = stop
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def _merged_attention(self, q, k, v, key_valid, dropout_p: float) -> Tensor:
+        if self.head_kinds[0] == SUB_PATTERNS["fixed"]:
+            out = merged_fixed_attention(q, k, v, key_valid, self.spec, dropout_p, self.scaling)
+            if self.spec.global_first:
+                # LRA's CLS query attends to every key (its column is already a summary column).
+                mask = None if key_valid is None else key_valid[:, None, None, :]
+                first = _sdpa(q[:, :, :1], k, v, mask, False, dropout_p, self.scaling)
+                out = torch.cat([first, out[:, :, 1:]], dim=2)
+            return out
+        return self._edge_attention(q, k, v, key_valid, dropout_p)
+
+    def _edge_attention(self, q, k, v, key_valid, dropout_p: float) -> Tensor:
+        # One softmax over A1 ∪ A2 per head: the shared CSR edge kernel over the cached, duplicate-free edge list.
+        batch, heads, length, _ = q.shape
+        rows, cols = merged_pattern_edges(self.head_kinds[0], length, self.spec, q.device)  # (E1,)
+        offsets = batch_head_offsets(batch, heads, length, q.device).reshape(-1, 1)  # (B * H, 1)
+        all_rows = (rows[None] + offsets).reshape(-1)
+        all_cols = (cols[None] + offsets).reshape(-1)
+        if key_valid is not None:
+            keep = key_valid[:, None, :].expand(-1, heads, -1).reshape(batch * heads, length)
+            keep = keep.gather(1, cols[None].expand(batch * heads, -1)).reshape(-1)  # (B * H * E1,)
+            all_rows, all_cols = all_rows[keep], all_cols[keep]
+        out = edge_attention(
+            flatten_heads(q),
+            flatten_heads(k),
+            flatten_heads(v),
+            all_rows,
+            all_cols,
+            scale=self.scaling,
+            dropout_p=dropout_p,
+            training=self.training,
+            sorted_rows=True,
+        )
+        return unflatten_heads(out, batch, heads, length)
