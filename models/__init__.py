@@ -14,7 +14,7 @@ if __name__ != "attnzoo":
 
 __version__ = "0.1.0"
 
-from . import a2former, dense, sparse_transformer
+from . import a2former, dense, fsat, sparse_transformer
 from .a2former import (
     A2FormerConfig,
     A2FormerForConditionalGeneration,
@@ -29,6 +29,13 @@ from .dense import (
     DenseTransformerForMaskedLM,
     DenseTransformerForSequenceClassification,
     DenseTransformerModel,
+)
+from .fsat import (
+    FSATConfig,
+    FSATForConditionalGeneration,
+    FSATForMaskedLM,
+    FSATForSequenceClassification,
+    FSATModel,
 )
 from .pipelines import SparseSummarizationPipeline, summarize
 from .registry import FAMILIES, Family, register_family
@@ -52,6 +59,11 @@ __all__ = [
     "DenseTransformerForMaskedLM",
     "DenseTransformerForSequenceClassification",
     "DenseTransformerModel",
+    "FSATConfig",
+    "FSATForConditionalGeneration",
+    "FSATForMaskedLM",
+    "FSATForSequenceClassification",
+    "FSATModel",
     "Family",
     "SparseSummarizationPipeline",
     "SparseTransformerConfig",
@@ -63,6 +75,7 @@ __all__ = [
     "__version__",
     "a2former",
     "dense",
+    "fsat",
     "register_family",
     "sparse_transformer",
     "summarize",

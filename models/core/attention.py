@@ -63,6 +63,9 @@ class ZooAttention(nn.Module):
     has_aux_loss: ClassVar[bool] = False
     #: the method needs the padded length to be a multiple of this (1 = any length)
     block_multiple: ClassVar[int] = 1
+    #: each query's attention weights sum to 1 (or 0 for a row without keys); False when the method rescales the
+    #: normalised probabilities (FSAT's confidences), so rows sum to at most 1
+    weights_are_normalized: ClassVar[bool] = True
 
     def __init__(
         self, config: ZooConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0

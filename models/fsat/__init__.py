@@ -1,0 +1,41 @@
+"""FSAT family (`model_type="fsat"`): Fourier sparse attention, registered with the Auto classes on import."""
+
+from ..registry import Family, register_family
+from .attention_fsat import FSATAttention
+from .configuration_fsat import FSATConfig
+from .modeling_fsat import (
+    FSATForConditionalGeneration,
+    FSATForMaskedLM,
+    FSATForSequenceClassification,
+    FSATModel,
+    FSATPreTrainedModel,
+)
+
+register_family(
+    Family(
+        name="fsat",
+        config_class=FSATConfig,
+        model_class=FSATModel,
+        masked_lm_class=FSATForMaskedLM,
+        sequence_classification_class=FSATForSequenceClassification,
+        conditional_generation_class=FSATForConditionalGeneration,
+        attention_class=FSATAttention,
+    )
+)
+
+#: Extra benchmark rows (the harness gives every family the same size, FFN 1024 at width 256): the paper's FFN of
+#: 2x the width, and the dense "FAT" ablation (attention over the pooled cross without sparsity).
+BENCHMARK_VARIANTS: dict[str, dict] = {
+    "ffn_2x": {"intermediate_size": 512},
+    "fat_dense": {"use_sparse": False},
+}
+
+__all__ = [
+    "FSATAttention",
+    "FSATConfig",
+    "FSATForConditionalGeneration",
+    "FSATForMaskedLM",
+    "FSATForSequenceClassification",
+    "FSATModel",
+    "FSATPreTrainedModel",
+]

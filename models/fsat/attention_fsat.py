@@ -1,0 +1,369 @@
+"""FSAT attention: FFT-pooled hidden-state cross, predicted dominant indices and confidence-weighted edge attention.
+
+Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.md`):
+
+1. `F1 = f1(X)`, `F2 = f2(X)` (zeroed at padded positions), `C0_k = sum_{i+j=k} F1_i * F2_j` by FFT (fp32).
+2. Central-token merge: `C_t = LN(C0_{2t} + C0_{2t+1} - F1_t * F2_t)` (`C0_{2N-1}` is an empty antidiagonal = 0).
+3. `Q = X W_Q`, `K = C W_K`, `V = C W_V`.
+4. Selection: `I_bar = sigmoid(C W_I + b_I) * L` predicts, for every key `j`, `M` query positions; the edges are
+   `(floor(I_bar_jm) -> j)`, plus in training uniformly drawn queries per key.
+5. Compute: segment softmax over each query's edges, times the Gaussian confidence `rho(i | I_bar, sigma^2)` (no
+   renormalisation), through the shared edge-list kernel. The confidence gradient can be truncated to `(-inf, 0]`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+
+from ..core.attention import AttentionOutput, ZooAttention
+from ..core.masking import attention_bool_mask
+from ..kernels import edge_attention, flatten_heads, unflatten_heads
+from .configuration_fsat import FSATConfig
+
+
+class _TruncatePositiveGradient(torch.autograd.Function):
+    """Identity forward; the backward keeps only the non-positive part of the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.clamp(max=0.0)
+
+
+def truncate_positive_gradient(x: torch.Tensor) -> torch.Tensor:
+    """FSAT's gradient truncation: identity, but `dL/dx` is clipped to `(-inf, 0]` on the way back.
+
+    A negative gradient on a confidence means "this edge helped": the predicted position moves towards it. Positive
+    gradients would push the prediction around without pointing at a better query, so they are dropped.
+    """
+    return _TruncatePositiveGradient.apply(x)
+
+
+def gaussian_confidence(index: torch.Tensor, mean: torch.Tensor, variance: float, normalized: bool) -> torch.Tensor:
+    """`rho(index | mean, variance)`: Gaussian density of the (constant) integer index around the prediction.
+
+    The index is a constant of the density, so the gradient reaches only `mean` (the reparameterisation of the
+    discrete choice): `d rho / d mean = rho * (index - mean) / variance`.
+    """
+    out = torch.exp(-((index - mean) ** 2) / (2.0 * variance))
+    return out / math.sqrt(2.0 * math.pi * variance) if normalized else out
+
+
+def antidiagonal_sums(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
+    """`C0_k = sum_{i+j=k} f1_i * f2_j` for `k = 0 .. 2N-2` via a zero-padded real FFT (a linear convolution).
+
+    Args:
+        f1, f2 (`torch.Tensor` of shape `(B, N, D)`): mapped sequences (zeros at padded positions).
+
+    Returns:
+        `torch.Tensor` of shape `(B, 2N-1, D)` in fp32 (computed with autocast disabled).
+    """
+    length = f1.shape[1]
+    # A power of two >= 2N keeps pocketfft/cuFFT on their fast paths and avoids circular wrap-around.
+    n_fft = 1 << (2 * length - 1).bit_length()
+    with torch.autocast(device_type=f1.device.type, enabled=False):
+        spectrum = torch.fft.rfft(f1.float(), n=n_fft, dim=1) * torch.fft.rfft(f2.float(), n=n_fft, dim=1)
+        return torch.fft.irfft(spectrum, n=n_fft, dim=1)[:, : 2 * length - 1]
+
+
+def central_token_merge(c0: torch.Tensor, f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
+    """Row `t` = antidiagonals `2t` and `2t+1` minus the self pair `(t, t)` (before the LayerNorm).
+
+    Args:
+        c0 (`torch.Tensor` of shape `(B, 2N-1, D)`): antidiagonal sums.
+        f1, f2 (`torch.Tensor` of shape `(B, N, D)`): the mapped sequences they were computed from.
+
+    Returns:
+        `torch.Tensor` of shape `(B, N, D)`.
+    """
+    even = c0[:, 0::2]  # (B, N, D): centre on token t
+    odd = F.pad(c0[:, 1::2], (0, 0, 0, 1))  # (B, N, D): centre between t and t+1, none after the last token
+    return even + odd - f1.float() * f2.float()
+
+
+class FeatureMap(nn.Module):
+    """One of FSAT's parameterised feature maps `f1`, `f2` (D -> D).
+
+    `"mlp"`: `W2 act(W1 x + b1) + b2`. `"dsconv"`: depth-wise Conv1d over the sequence, activation, point-wise
+    Linear. Inputs are zeroed at padded positions first, so a convolution never reads padding.
+    """
+
+    def __init__(self, config: FSATConfig):
+        super().__init__()
+        width = config.hidden_size
+        if config.feature_map == "mlp":
+            self.conv = None
+            self.inner = nn.Linear(width, width)
+        else:
+            self.conv = nn.Conv1d(
+                width, width, config.feature_map_kernel_size, padding=config.feature_map_kernel_size // 2, groups=width
+            )
+            self.inner = None
+        self.act = ACT2FN[config.feature_map_act]
+        self.outer = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        # Without padding (`valid=None`) the masking multiplications and their saved activations are skipped.
+        mask = None if valid is None else valid[..., None].to(x.dtype)  # (B, N, 1)
+        if mask is not None:
+            x = x * mask
+        h = self.inner(x) if self.conv is None else self.conv(x.transpose(1, 2)).transpose(1, 2)
+        out = self.outer(self.act(h))
+        return out if mask is None else out * mask
+
+
+@dataclass
+class FSATEdges:
+    """Selected structure of one layer: edges over the flattened `(B*H*N)` rows and their confidences.
+
+    Args:
+        rows (`torch.LongTensor` of shape `(E,)`): flat query row `(b*H + h)*N + i` of each edge.
+        cols (`torch.LongTensor` of shape `(E,)`): flat key row `(b*H + h)*N + j`.
+        query_index (`torch.Tensor` of shape `(E,)`): integer query position `i` as fp32 (constant).
+        mean (`torch.Tensor` of shape `(E,)`): the prediction `I_bar` the edge's confidence is centred on.
+        predicted (`torch.BoolTensor` of shape `(E,)`): True for predicted edges, False for random ones.
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    query_index: torch.Tensor
+    mean: torch.Tensor
+    predicted: torch.Tensor
+
+
+class FSATAttention(ZooAttention):
+    """FSAT encoder self-attention (see the module docstring for the computation).
+
+    Keys and values are projected from the pooled cross `C`, not from the hidden states, so this class overrides
+    `forward` instead of `attend`. `attention_backend="reference"` (and `output_attentions=True`) computes the
+    same edges with dense masked attention; `use_sparse=False` is the dense "FAT" ablation.
+
+    Args:
+        config ([`FSATConfig`]): model configuration.
+        is_causal (`bool`): must be False (FSAT cannot be causal).
+        is_cross_attention (`bool`): must be False.
+        layer_idx (`int`, *optional*): index of the layer.
+    """
+
+    supports_causal = False
+    supports_cross_attention = False
+    is_stochastic = True
+    has_aux_loss = False
+    block_multiple = 1
+    # Confidences multiply the softmax probabilities without renormalisation (the paper's Formula 7).
+    weights_are_normalized = False
+
+    def __init__(
+        self, config: FSATConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
+    ):
+        super().__init__(config, is_causal=is_causal, is_cross_attention=is_cross_attention, layer_idx=layer_idx)
+        self.feature_map_1 = FeatureMap(config)
+        self.feature_map_2 = FeatureMap(config)
+        self.cross_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.num_predicted = config.num_dominant_indices
+        self.num_random = config.num_random_indices
+        predictor_heads = 1 if config.shared_index_predictor else self.num_heads
+        self.index_predictor = nn.Linear(config.hidden_size, predictor_heads * self.num_predicted)
+        self.variance = config.fsat_confidence_variance
+
+    def pooled_cross(self, hidden_states: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """The hidden-state cross `C` `(B, N, D)`: FFT antidiagonal pooling, central-token merge and LayerNorm.
+
+        `valid` `(B, N)` marks real tokens (`None`: all real).
+        """
+        f1 = self.feature_map_1(hidden_states, valid)
+        f2 = self.feature_map_2(hidden_states, valid)
+        merged = central_token_merge(antidiagonal_sums(f1, f2), f1, f2)  # (B, N, D) fp32
+        # Rows without any real pair (the last real token: its antidiagonals hold only the self pair; and padding) are
+        # zero in exact arithmetic but FFT round-off, which the LayerNorm would blow up to unit scale and which
+        # depends on the padded length. Make them exact zeros: count the real pairs with the same pooling on the mask.
+        if valid is None:
+            has_pairs = torch.arange(hidden_states.shape[1], device=merged.device) < hidden_states.shape[1] - 1
+            has_pairs = has_pairs[None, :, None]  # (1, N, 1)
+        else:
+            m = valid[..., None].to(torch.float32)  # (B, N, 1)
+            has_pairs = central_token_merge(antidiagonal_sums(m, m), m, m) > 0.5
+        return self.cross_norm((merged * has_pairs).to(hidden_states.dtype))
+
+    def predict_indices(self, cross: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Continuous predicted query positions `I_bar` `(B, H, N, M)` in fp32, in `(0, L)`."""
+        B, N, _ = cross.shape
+        # fp32 even under autocast: a bf16 logit would move a prediction of scale L by ~L/256 positions.
+        with torch.autocast(device_type=cross.device.type, enabled=False):
+            weight, bias = self.index_predictor.weight.float(), self.index_predictor.bias.float()
+            logits = F.linear(cross.float(), weight, bias).view(B, N, -1, self.num_predicted).transpose(1, 2)
+        if self.config.index_scale == "max_length":
+            scale = float(self.config.fsat_index_length)
+        else:
+            scale = lengths.to(torch.float32).view(B, 1, 1, 1)
+        return torch.sigmoid(logits).expand(B, self.num_heads, N, self.num_predicted) * scale
+
+    def select_edges(self, mean: torch.Tensor, valid: torch.Tensor) -> FSATEdges:
+        """Key-centric edges: predicted queries `floor(I_bar)` and, in training, random real queries per key.
+
+        Edges whose key is padding or whose query falls outside the real tokens are dropped, not clamped (clamping
+        would pile edges on the last token). Random queries are drawn from the global torch RNG (replayed by
+        gradient checkpointing) uniformly over each sample's real positions, so they never depend on padding.
+        """
+        B, H, N, M = mean.shape
+        index = mean.detach().floor().long()  # (B, H, N, M)
+        slot_mean = mean
+        predicted = torch.ones_like(index, dtype=torch.bool)
+        if self.training and self.num_random > 0:
+            lengths = valid.sum(-1)  # (B,)
+            # Real positions first (stable), so rank r < N_b maps to the r-th real token whatever the padding side.
+            real_positions = torch.sort((~valid).to(torch.int8), dim=-1, stable=True)[1]  # (B, N)
+            u = torch.rand(B, H, N, self.num_random, device=mean.device)
+            rank = (u * lengths.view(B, 1, 1, 1)).long().clamp(max=N - 1)
+            random_index = real_positions.gather(1, rank.view(B, -1)).view(B, H, N, self.num_random)
+            paired_mean = mean[..., torch.arange(self.num_random, device=mean.device) % M]
+            index = torch.cat([index, random_index], dim=-1)  # (B, H, N, M + R)
+            slot_mean = torch.cat([mean, paired_mean], dim=-1)
+            predicted = torch.cat([predicted, torch.zeros_like(random_index, dtype=torch.bool)], dim=-1)
+        in_range = (index >= 0) & (index < N)
+        safe_index = index.clamp(0, N - 1)
+        query_real = valid.gather(1, safe_index.reshape(B, -1)).view(index.shape)
+        keep = in_range & query_real & valid.view(B, 1, N, 1)  # (B, H, N, S)
+        base = (torch.arange(B * H, device=mean.device) * N).view(B, H, 1, 1)
+        keys = torch.arange(N, device=mean.device).view(1, 1, N, 1)
+        rows = (base + safe_index)[keep]
+        cols = (base + keys).expand_as(index)[keep]
+        return FSATEdges(
+            rows=rows,
+            cols=cols,
+            query_index=index[keep].to(torch.float32),
+            mean=slot_mean[keep],
+            predicted=predicted[keep],
+        )
+
+    def confidences(self, edges: FSATEdges) -> torch.Tensor:
+        """Gaussian confidence `s_e` `(E,)` of every edge, with the truncated gradient in training."""
+        s = gaussian_confidence(edges.query_index, edges.mean, self.variance, self.config.confidence_normalized)
+        if self.training and self.config.gradient_truncation:
+            s = truncate_positive_gradient(s)
+        return s
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_valid: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values=None,
+        output_attentions: bool = False,
+    ) -> AttentionOutput:
+        """
+        Args:
+            hidden_states (`torch.Tensor` of shape `(B, N, D)`): encoder hidden states.
+            key_valid (`torch.BoolTensor` of shape `(B, N)`, *optional*): True at real tokens; `None` = all real.
+            key_value_states, past_key_values: must be `None` (FSAT is encoder self-attention only).
+            output_attentions (`bool`): also return the dense `(B, H, N, N)` weights applied to the values
+                (softmax probabilities times confidences; zeros off the edge set).
+        """
+        if key_value_states is not None or past_key_values is not None:
+            raise ValueError("FSATAttention is encoder self-attention only: no cross-attention and no KV cache.")
+        B, N, _ = hidden_states.shape
+        cross = self.pooled_cross(hidden_states, key_valid)  # (B, N, D)
+        q = self._split(self.q_proj(hidden_states))  # (B, H, N, d)
+        k = self._split(self.k_proj(cross))
+        v = self._split(self.v_proj(cross))
+        if self.config.use_sparse:
+            valid = key_valid
+            if valid is None:
+                valid = torch.ones(B, N, dtype=torch.bool, device=hidden_states.device)
+            out = self.sparse_attend(q, k, v, cross, valid, output_attentions)
+        else:
+            out = self.dense_attend(q, k, v, key_valid, output_attentions)
+        out.hidden_states = self.o_proj(out.hidden_states.transpose(1, 2).reshape(B, N, -1))
+        return out
+
+    def dense_attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_valid: torch.Tensor | None,
+        output_attentions: bool,
+    ) -> AttentionOutput:
+        """The "FAT" ablation: every query attends to every real key of the pooled cross."""
+        mask = attention_bool_mask(key_valid, q.shape[2], k.shape[2], False, 0, q.device)
+        if output_attentions or self.config.attention_backend == "reference":
+            return self.dense_reference(q, k, v, mask, output_attentions)
+        dropout_p = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
+        if mask is not None:
+            # Samples without any real token: exact zeros rather than whatever SDPA gives an empty row.
+            out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+        return AttentionOutput(hidden_states=out)
+
+    def sparse_attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cross: torch.Tensor,
+        valid: torch.Tensor,
+        output_attentions: bool,
+    ) -> AttentionOutput:
+        """FSAT proper: select the edges from `cross`, then attend along them."""
+        B, H, N, _ = q.shape
+        lengths = valid.sum(-1)  # (B,)
+        edges = self.select_edges(self.predict_indices(cross, lengths), valid)
+        conf = self.confidences(edges)
+        density = self.edge_density(edges, lengths, H, N)
+        if output_attentions or self.config.attention_backend == "reference":
+            out, weights = self.edge_reference(q, k, v, edges, conf)
+            return AttentionOutput(
+                hidden_states=out, attn_weights=weights if output_attentions else None, density=density
+            )
+        flat = edge_attention(
+            flatten_heads(q),
+            flatten_heads(k),
+            flatten_heads(v),
+            edges.rows,
+            edges.cols,
+            edge_weight=conf,
+            scale=self.scaling,
+            dropout_p=self.dropout,
+            training=self.training,
+        )
+        return AttentionOutput(hidden_states=unflatten_heads(flat, B, H, N), density=density)
+
+    def edge_reference(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, edges: FSATEdges, conf: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense masked attention over the same edges (reference path; materialises `(B, H, N, N)`).
+
+        A (query, key) pair hit by `c` duplicate edges enters the softmax `c` times, as in the edge kernel: its
+        logit gets `+ log c` and its probability is multiplied by the mean confidence of its edges.
+        """
+        B, H, N, _ = q.shape
+        pair = edges.rows * N + edges.cols % N  # flat (b, h, i, j)
+        count = q.new_zeros(B * H * N * N, dtype=torch.float32).index_add(0, pair, torch.ones_like(conf))
+        weight_sum = torch.zeros_like(count).index_add(0, pair, conf.float())
+        count, weight_sum = count.view(B, H, N, N), weight_sum.view(B, H, N, N)
+        mask = count > 0
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling + count.clamp(min=1).log()
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+        probs = scores.softmax(dim=-1).masked_fill(~mask, 0.0)
+        weights = (probs * weight_sum / count.clamp(min=1)).to(q.dtype)  # (B, H, N, N)
+        if self.training and self.dropout > 0.0:
+            weights = F.dropout(weights, p=self.dropout, training=True)
+        return torch.matmul(weights, v), weights
+
+    @staticmethod
+    def edge_density(edges: FSATEdges, lengths: torch.Tensor, num_heads: int, length: int) -> torch.Tensor:
+        """Fraction `(H,)` of real (query, key) pairs joined by at least one edge, per head."""
+        with torch.no_grad():
+            pairs = torch.unique(edges.rows * length + edges.cols % length)
+            heads = (pairs // (length * length)) % num_heads
+            per_head = torch.bincount(heads, minlength=num_heads).to(torch.float32)
+            return per_head / (lengths.to(torch.float32) ** 2).sum().clamp(min=1.0)

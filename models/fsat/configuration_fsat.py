@@ -1,0 +1,124 @@
+"""Configuration of FSAT (Fourier Sparse Attention for Transformer, Zhuang, Zhang and Tu, ACL 2022)."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers.activations import ACT2FN
+
+from ..core.configuration import ZooConfig
+
+FEATURE_MAPS = ("mlp", "dsconv")
+INDEX_SCALES = ("max_length", "sequence_length")
+
+
+@strict
+class FSATConfig(ZooConfig):
+    r"""
+    Configuration of FSAT. Every encoder self-attention layer maps the hidden states with two learned feature maps,
+    pools their pairwise products along antidiagonals with an FFT (the "hidden-state cross" `C`), takes queries from
+    the hidden states and keys/values from `C`, predicts for every key `num_dominant_indices` query positions and
+    attends only along those (key -> predicted query) edges, weighted by a Gaussian confidence. Training adds
+    `num_random_indices` uniformly drawn queries per key (exploration); eval uses the predicted edges only.
+
+    FSAT is encoder-only: it cannot be causal (the pooled cross mixes past and future tokens), so the decoder of
+    [`FSATForConditionalGeneration`] uses dense self- and cross-attention. All fields of
+    [`~attnzoo.core.ZooConfig`] apply; FSAT adds the fields below and halves the default FFN width.
+
+    Args:
+        intermediate_size (`int`, *optional*, defaults to 512):
+            FFN width. The paper uses 2x `hidden_size` (instead of 4x) to offset the parameters of the two feature
+            maps; the default is 2x the default `hidden_size` of 256.
+        num_dominant_indices (`int`, *optional*, defaults to 4):
+            `M`, predicted dominant query positions per key and head (paper ablation: 2, 4, 8).
+        num_random_indices (`int`, *optional*, defaults to 4):
+            Uniformly drawn query positions per key and head added in training (exploration). Random slot `r` is
+            scored against the prediction of slot `r mod num_dominant_indices`. 0 disables exploration.
+        confidence_variance (`float`, *optional*):
+            `sigma^2` of the Gaussian confidence `rho(i | I_bar, sigma^2)`; defaults to the index scale `L_max` as in
+            the paper.
+        confidence_normalized (`bool`, *optional*, defaults to `True`):
+            Use the normalised Gaussian density (faithful; its peak is `1/sqrt(2*pi*sigma^2)`). `False` drops the
+            normalising constant (peak 1), which keeps the attention output on the scale of the values.
+        feature_map (`str`, *optional*, defaults to `"mlp"`):
+            Form of the feature maps `f1`, `f2`: `"mlp"` (Linear -> activation -> Linear, D -> D -> D) or `"dsconv"`
+            (depth-wise Conv1d over the sequence -> activation -> point-wise Linear; the paper's Text-task variant).
+        feature_map_kernel_size (`int`, *optional*, defaults to 5):
+            Kernel size of the depth-wise convolution of `feature_map="dsconv"` (odd, so it is centred).
+        feature_map_act (`str`, *optional*, defaults to `"gelu"`):
+            Activation inside the feature maps (any key of `transformers.activations.ACT2FN`).
+        gradient_truncation (`bool`, *optional*, defaults to `True`):
+            Clip the gradient reaching the confidences to `(-inf, 0]` in training (the paper's truncation).
+        use_sparse (`bool`, *optional*, defaults to `True`):
+            `False` gives the paper's "FAT" ablation: dense attention of the hidden-state queries over the keys and
+            values of the pooled cross (no index prediction, O(N^2)).
+        index_scale (`str`, *optional*, defaults to `"max_length"`):
+            Scale `L` of the predicted positions `I_bar = sigmoid(C W_I + b_I) * L`: `"max_length"` uses
+            `index_max_length` (faithful; independent of the batch's padded length), `"sequence_length"` uses each
+            sample's real length (ours; keeps predictions inside short sequences).
+        index_max_length (`int`, *optional*):
+            `L_max`, the task's longest sequence; defaults to `max_position_embeddings`.
+        shared_index_predictor (`bool`, *optional*, defaults to `False`):
+            Predict one index set per key shared by all heads (`W_I` of shape `D x M`, the paper's printed shape)
+            instead of one per head (`D x H*M`).
+
+    Example:
+
+    ```python
+    >>> import attnzoo
+    >>> from transformers import AutoModelForSequenceClassification
+    >>> config = attnzoo.FSATConfig(vocab_size=8000, hidden_size=128, intermediate_size=256, num_labels=2)
+    >>> model = AutoModelForSequenceClassification.from_config(config)
+    ```
+    """
+
+    model_type = "fsat"
+
+    intermediate_size: int = 512
+    num_dominant_indices: int = 4
+    num_random_indices: int = 4
+    confidence_variance: float | int | None = None
+    confidence_normalized: bool = True
+    feature_map: str = "mlp"
+    feature_map_kernel_size: int = 5
+    feature_map_act: str = "gelu"
+    gradient_truncation: bool = True
+    use_sparse: bool = True
+    index_scale: str = "max_length"
+    index_max_length: int | None = None
+    shared_index_predictor: bool = False
+
+    def check_zoo_fields(self) -> None:
+        super().check_zoo_fields()
+        if self.is_decoder:
+            raise ValueError(
+                "`is_decoder=True` is not supported by FSAT: its attention cannot be causal (the pooled cross mixes "
+                "future tokens). Use `FSATForConditionalGeneration`, whose decoder uses dense attention."
+            )
+        if self.num_dominant_indices < 1:
+            raise ValueError(f"`num_dominant_indices` must be >= 1, got {self.num_dominant_indices}.")
+        if self.num_random_indices < 0:
+            raise ValueError(f"`num_random_indices` must be >= 0, got {self.num_random_indices}.")
+        if self.confidence_variance is not None and not self.confidence_variance > 0:
+            raise ValueError(f"`confidence_variance` must be positive or None, got {self.confidence_variance}.")
+        if self.feature_map not in FEATURE_MAPS:
+            raise ValueError(f"`feature_map` must be one of {FEATURE_MAPS}, got {self.feature_map!r}.")
+        if self.feature_map_kernel_size < 1 or self.feature_map_kernel_size % 2 == 0:
+            raise ValueError(
+                f"`feature_map_kernel_size` must be a positive odd integer, got {self.feature_map_kernel_size}."
+            )
+        if self.feature_map_act not in ACT2FN:
+            raise ValueError(f"`feature_map_act` {self.feature_map_act!r} is not a known activation (see ACT2FN).")
+        if self.index_scale not in INDEX_SCALES:
+            raise ValueError(f"`index_scale` must be one of {INDEX_SCALES}, got {self.index_scale!r}.")
+        if self.index_max_length is not None and self.index_max_length < 1:
+            raise ValueError(f"`index_max_length` must be a positive integer or None, got {self.index_max_length}.")
+
+    @property
+    def fsat_index_length(self) -> int:
+        """`L_max`: the index scale of `index_scale="max_length"` and the default confidence variance."""
+        return self.index_max_length if self.index_max_length is not None else self.max_position_embeddings
+
+    @property
+    def fsat_confidence_variance(self) -> float:
+        """`sigma^2` of the Gaussian confidence."""
+        return float(self.confidence_variance if self.confidence_variance is not None else self.fsat_index_length)
