@@ -14,7 +14,7 @@ if __name__ != "attnzoo":
 
 __version__ = "0.1.0"
 
-from . import a2former, dense, fsat, sparse_transformer
+from . import a2former, dense, fsat, sbm, sparse_transformer
 from .a2former import (
     A2FormerConfig,
     A2FormerForConditionalGeneration,
@@ -39,6 +39,7 @@ from .fsat import (
 )
 from .pipelines import SparseSummarizationPipeline, summarize
 from .registry import FAMILIES, Family, register_family
+from .sbm import SBMConfig, SBMForConditionalGeneration, SBMForMaskedLM, SBMForSequenceClassification, SBMModel
 from .sparse_transformer import (
     SparseTransformerConfig,
     SparseTransformerForConditionalGeneration,
@@ -65,6 +66,11 @@ __all__ = [
     "FSATForSequenceClassification",
     "FSATModel",
     "Family",
+    "SBMConfig",
+    "SBMForConditionalGeneration",
+    "SBMForMaskedLM",
+    "SBMForSequenceClassification",
+    "SBMModel",
     "SparseSummarizationPipeline",
     "SparseTransformerConfig",
     "SparseTransformerForConditionalGeneration",
@@ -77,6 +83,7 @@ __all__ = [
     "dense",
     "fsat",
     "register_family",
+    "sbm",
     "sparse_transformer",
     "summarize",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kernels.csr import _Pattern, sparse_kernels_available
+from ..kernels.csr import CSRPattern, sparse_kernels_available
 from ..kernels.dropout import keep_multiplier
 
 
@@ -44,7 +44,7 @@ class InterpolatedAttentionFunction(torch.autograd.Function):
         rows = torch.arange(num_rows, device=q.device).repeat_interleave(2 * num_slots)  # (E,), sorted
         crow = torch.arange(num_rows + 1, device=q.device) * (2 * num_slots)
         flat_cols = cols.reshape(-1)
-        pattern = _Pattern(rows, flat_cols, crow, num_rows, k.shape[0], 2 * num_slots, use_sparse)
+        pattern = CSRPattern(rows, flat_cols, crow, num_rows, k.shape[0], 2 * num_slots, use_sparse)
         w0 = 1.0 - w1
         scores = w1.new_zeros(w1.shape) if bias is None else bias
         edge_scores = None
@@ -62,7 +62,7 @@ class InterpolatedAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, w1, mult, rows, cols, crow, probs, edge_scores = ctx.saved_tensors
         num_rows, num_slots = w1.shape
-        pattern = _Pattern(rows, cols, crow, num_rows, k.shape[0], 2 * num_slots, ctx.use_sparse)
+        pattern = CSRPattern(rows, cols, crow, num_rows, k.shape[0], 2 * num_slots, ctx.use_sparse)
         grad_out = grad_out.to(q.dtype).contiguous()
         w0 = 1.0 - w1
         kept = probs if mult is None else probs * mult

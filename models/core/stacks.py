@@ -115,7 +115,9 @@ class Encoder(nn.Module):
             last_hidden_state=hidden_states,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attn) if output_attentions else None,
-            aux_loss=torch.stack(aux_losses).sum() if aux_losses else None,
+            # Auxiliary losses are training terms; a scalar in eval outputs would also break beam search, which
+            # repeats every encoder output along the batch dimension.
+            aux_loss=torch.stack(aux_losses).sum() if aux_losses and self.training else None,
             attention_density=torch.stack(densities) if len(densities) == len(self.layers) else None,
         )
         return out if return_dict else out.to_tuple()

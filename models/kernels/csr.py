@@ -45,7 +45,7 @@ def sparse_kernels_available(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type in ("cpu", "cuda") and dtype in (torch.float32, torch.float64)
 
 
-class _Pattern:
+class CSRPattern:
     """Row-sorted edges of an (R, C) attention pattern plus the primitives evaluated on it."""
 
     def __init__(
@@ -163,7 +163,7 @@ class CSRAttentionFunction(torch.autograd.Function):
         degree: int | None,
         use_sparse: bool,
     ) -> Tensor:
-        pattern = _Pattern(rows, cols, crow, q.shape[0], k.shape[0], degree, use_sparse)
+        pattern = CSRPattern(rows, cols, crow, q.shape[0], k.shape[0], degree, use_sparse)
         probs = pattern.softmax(pattern.sddmm(q, k, scale, bias))  # (E,)
         factor = _edge_factor(mult, weight)
         out = pattern.spmm(probs if factor is None else probs * factor, v)  # (R, d)
@@ -176,7 +176,7 @@ class CSRAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         q, k, v, weight, mult, rows, cols, crow, probs = ctx.saved_tensors
         need_q, need_k, need_v, need_bias, need_weight = ctx.needs_input_grad[:5]
-        pattern = _Pattern(rows, cols, crow, q.shape[0], k.shape[0], ctx.degree, ctx.use_sparse)
+        pattern = CSRPattern(rows, cols, crow, q.shape[0], k.shape[0], ctx.degree, ctx.use_sparse)
         grad_out = grad_out.to(q.dtype).contiguous()
         factor = _edge_factor(mult, weight)
         grad_q = grad_k = grad_v = grad_bias = grad_weight = None

@@ -1,0 +1,357 @@
+"""SBM attention: each head samples a bipartite graph from a stochastic block model over queries and keys and
+attends over the sampled edges only (Cho et al., "Transformers meet Stochastic Block Models", NeurIPS 2022).
+
+Selection (memberships, block matrix, sampling) is separate from compute: the dense-Bernoulli backend produces a
+boolean mask for SDPA (or the dense reference kernel), the fastRG backend an edge list for the shared CSR edge
+kernel. `attention_backend="reference"` runs the dense masked reference over the same sampled graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import transformers.initialization as init
+from torch import nn
+from transformers.cache_utils import Cache, EncoderDecoderCache
+
+from ..core.attention import AttentionOutput, DenseAttention, ZooAttention
+from ..core.masking import causal_bool_mask
+from ..kernels import dense_masked_attention, edge_attention, flatten_heads, unflatten_heads
+from ..kernels.csr import row_pointers
+from .configuration_sbm import SBMConfig
+from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern, fastrg_edges
+
+_SITES = ("encoder", "decoder", "cross_attention")
+
+
+class HeadwiseMLP(nn.Module):
+    """Two-layer ReLU MLP with separate weights per head, applied to `(B, H, N, d)` tensors."""
+
+    def __init__(self, num_heads: int, dim: int):
+        super().__init__()
+        self.weight1 = nn.Parameter(torch.empty(num_heads, dim, dim))
+        self.bias1 = nn.Parameter(torch.empty(num_heads, dim))
+        self.weight2 = nn.Parameter(torch.empty(num_heads, dim, dim))
+        self.bias2 = nn.Parameter(torch.empty(num_heads, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(torch.einsum("bhnd,hde->bhne", x, self.weight1) + self.bias1[:, None])
+        return torch.einsum("bhnd,hde->bhne", hidden, self.weight2) + self.bias2[:, None]
+
+
+class SBMAttention(ZooAttention):
+    """Stochastic-block-model attention with a learned, data-adaptive sparsity per head.
+
+    Per head: cluster embeddings `C` (k, d), block matrix `Ŝ = softmax over all k² entries of C Cᵀ`, memberships
+    `Q̂ = σ(MLP(Q) Cᵀ)`, `K̂ = σ(MLP(K) Cᵀ)`, edge probabilities `P = Q̂ Ŝ K̂ᵀ` (+ exploration `δ`), a sampled graph
+    and softmax attention over its edges. The straight-through estimator sends the attention gradient of each
+    sampled edge back to its probability; the density regulariser (`sparsity_weight`) is the auxiliary loss.
+
+    Used as encoder self-attention, causal decoder self-attention and cross-attention; the config can fall back
+    to dense attention in the decoder sites (`sbm_in_decoder`, `sbm_in_cross_attention`).
+
+    Args:
+        config ([`SBMConfig`]): model configuration.
+        is_causal (`bool`): decoder self-attention (never samples an edge to the future).
+        is_cross_attention (`bool`): keys and values come from the encoder (bipartite graphs).
+        layer_idx (`int`): index of the layer (KV cache, eval seed).
+    """
+
+    supports_causal = True
+    supports_cross_attention = True
+    is_stochastic = True
+    has_aux_loss = True
+
+    def __init__(
+        self, config: SBMConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
+    ):
+        super().__init__(config, is_causal=is_causal, is_cross_attention=is_cross_attention, layer_idx=layer_idx)
+        if is_cross_attention:
+            site, self.use_sbm, self.num_site_layers = 2, config.sbm_in_cross_attention, config.decoder_layers
+        elif is_causal:
+            site, self.use_sbm, self.num_site_layers = 1, config.sbm_in_decoder, config.decoder_layers
+        else:
+            site, self.use_sbm, self.num_site_layers = 0, True, config.num_hidden_layers
+        self.site = _SITES[site]
+        # Eval-mode seed: distinct per layer and site so that layers do not share their random draws.
+        self.eval_seed = (config.sampling_seed * 1_000_003 + layer_idx * 7 + site) % (2**62)
+        if not self.use_sbm:
+            return
+        self.clusters = nn.Parameter(torch.empty(self.num_heads, config.num_clusters, self.head_dim))
+        if config.shared_membership_mlp:
+            self.membership_mlp = nn.Sequential(
+                nn.Linear(self.head_dim, self.head_dim), nn.ReLU(), nn.Linear(self.head_dim, self.head_dim)
+            )
+        else:
+            self.membership_mlp = HeadwiseMLP(self.num_heads, self.head_dim)
+
+    def init_method_weights(self) -> None:
+        """Kaiming-normal cluster embeddings (as the official code); per-head MLPs like the zoo's Linear layers."""
+        if not self.use_sbm:
+            return
+        init.kaiming_normal_(self.clusters)
+        if isinstance(self.membership_mlp, HeadwiseMLP):
+            for name in ("weight1", "weight2"):
+                init.normal_(getattr(self.membership_mlp, name), mean=0.0, std=self.config.initializer_range)
+            for name in ("bias1", "bias2"):
+                init.zeros_(getattr(self.membership_mlp, name))
+
+    # ----- selection -------------------------------------------------------------------------------------------
+
+    def block_matrix(self) -> torch.Tensor:
+        """`Ŝ` of every head, `(H, k, k)`, a softmax over all k² entries of `C Cᵀ` (so every `p_ij` is in [0, 1])."""
+        clusters = self.clusters.float()
+        logits = clusters @ clusters.transpose(-1, -2)  # (H, k, k)
+        return logits.flatten(1).softmax(-1).view_as(logits)
+
+    def memberships(self, x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """`σ(MLP(x) Cᵀ)` in fp32, `(B, H, N, k)`; rows of padded positions are zero (they get no edge)."""
+        param_dtype = self.clusters.dtype
+        hidden = self.membership_mlp(x.to(param_dtype)).float()
+        logits = hidden @ self.clusters.float().transpose(-1, -2)[None]  # (B, H, N, k)
+        memb = torch.sigmoid(logits + self.config.membership_logit_bias)
+        return memb if valid is None else memb * valid[:, None, :, None]
+
+    def allowed_pairs(
+        self, key_valid: torch.Tensor | None, query_valid: torch.Tensor | None, n: int, m: int, offset: int, device
+    ) -> torch.Tensor | None:
+        """Pairs that may carry an edge, `(B or 1, 1, n, m)` bool (None: all pairs)."""
+        allowed = None
+        if key_valid is not None:
+            allowed = key_valid[:, None, None, :]
+            if query_valid is not None:
+                allowed = allowed & query_valid[:, None, :, None]
+        if self.is_causal:
+            causal = causal_bool_mask(n, m, offset, device)[None, None]
+            allowed = causal if allowed is None else allowed & causal
+        return allowed
+
+    def count_pairs(
+        self,
+        key_valid: torch.Tensor | None,
+        query_valid: torch.Tensor | None,
+        B: int,
+        n: int,
+        m: int,
+        offset: int,
+        device,
+    ) -> torch.Tensor:
+        """Number of pairs that may carry an edge per sequence, `(B,)` float, without building an `n × m` mask."""
+        keys = torch.ones(B, m, device=device) if key_valid is None else key_valid.float()
+        queries = torch.ones(B, n, device=device) if query_valid is None else query_valid.float()
+        if not self.is_causal:
+            return queries.sum(-1) * keys.sum(-1)
+        # Query i sees the valid keys at positions <= i + offset.
+        visible = keys.cumsum(-1)[:, (torch.arange(n, device=device) + offset).clamp(max=m - 1)]  # (B, n)
+        return (queries * visible).sum(-1)
+
+    def structural_offsets(self) -> list[int]:
+        """Key offsets `j - i` always attended in self-attention (self loops and the sliding window)."""
+        if self.is_cross_attention:
+            return []
+        half = self.config.local_window // 2
+        if half > 0:
+            return list(range(-half, half + 1))
+        return [0] if self.config.add_self_loops else []
+
+    def sample_dense(
+        self, probs: torch.Tensor, delta: float, allowed: torch.Tensor | None, offset: int, sampling: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Exact Bernoulli graph with edge probabilities `min(probs + delta, 1)` on the allowed pairs.
+
+        Returns `blocked` `(B, H, n, m)` float (1 where no edge is attended, 0 elsewhere) and, when structural
+        edges (self loops, window) are attended too, the boolean graph of sampled edges (else `None`).
+        """
+        _, H, n, m = probs.shape
+        # u - δ < p  <=>  u < p + δ: the exploration shift is folded into the uniforms. The comparison runs in place
+        # on the float uniforms (bool conversions cost a slow extra pass over the pairs).
+        if not sampling:
+            uniforms = torch.full_like(probs, 0.5 - delta)  # the most likely graph
+        elif self.training:
+            uniforms = torch.empty_like(probs).uniform_(-delta, 1.0 - delta)
+        else:
+            positions = torch.arange(offset, offset + n, device=probs.device)
+            keys = torch.arange(m, device=probs.device)
+            uniforms = counter_uniform(self.eval_seed, H, positions, keys).sub_(delta)[None].expand_as(probs)
+            uniforms = uniforms.contiguous()
+        blocked = uniforms.sub_(probs).ge_(0.0)  # 1.0 where u >= p + δ
+        if allowed is not None:
+            blocked.masked_fill_(~allowed, 1.0)
+        offsets = self.structural_offsets()
+        if not offsets:
+            return blocked, None
+        sampled = blocked == 0
+        dist = (
+            torch.arange(m, device=probs.device)[None] - torch.arange(offset, offset + n, device=probs.device)[:, None]
+        )
+        struct = (dist >= offsets[0]) & (dist <= offsets[-1])  # (n, m)
+        struct = struct[None, None] if allowed is None else struct & allowed
+        return blocked.masked_fill_(struct, 0.0), sampled
+
+    def structural_ids(self, B: int, n: int, m: int, offset: int, allowed_q, key_valid, device) -> torch.Tensor | None:
+        """Linear pair ids `((b*H + h)*n + i)*m + j` of the structural edges (fastRG backend)."""
+        offsets = self.structural_offsets()
+        if not offsets:
+            return None
+        H = self.num_heads
+        i = torch.arange(n, device=device)[:, None]
+        j = i + offset + torch.tensor(offsets, device=device)[None]  # (n, T)
+        ok = (j >= 0) & (j < m)
+        if self.is_causal:
+            ok &= j <= i + offset
+        ok = ok[None].expand(B, -1, -1)
+        jc = j.clamp(0, m - 1)
+        if key_valid is not None:
+            ok = ok & key_valid[:, jc]
+        if allowed_q is not None:
+            ok = ok & allowed_q[:, :, None]
+        bh = torch.arange(B * H, device=device).view(B, H, 1, 1)
+        ids = (bh * n + i[None, None]) * m + jc[None, None]  # (B, H, n, T)
+        return ids[ok[:, None].expand(-1, H, -1, -1)]
+
+    def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor, sampling: bool) -> str:
+        backend = self.config.sampling_backend
+        if not sampling:
+            return "bernoulli"
+        if backend != "auto":
+            return backend
+        with torch.no_grad():
+            # Σ_ij p_ij = Σ_uv y_u Ŝ_uv z_v: the expected edge count without touching the n × m pairs.
+            expected = torch.einsum("bhu,huv,bhv->", q_memb.sum(2), blocks, k_memb.sum(2))
+            total = pairs.sum() * self.num_heads
+            density = float((expected + delta * total) / total.clamp(min=1))
+        return "fastrg" if density < self.config.auto_density_threshold else "bernoulli"
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_valid: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> AttentionOutput:
+        """As [`ZooAttention.forward`]; cross-attention also gets its queries' decoder positions, so that eval-mode
+        draws of a pair are the same with and without the KV cache."""
+        q, k, v = self.project_qkv(hidden_states, key_value_states, past_key_values)
+        query_offset = 0
+        if self.is_causal:
+            query_offset = k.shape[2] - q.shape[2]
+        elif self.is_cross_attention and isinstance(past_key_values, EncoderDecoderCache):
+            # The decoder layer has already appended this step to its self-attention cache.
+            cached = past_key_values.self_attention_cache.get_seq_length(self.layer_idx)
+            query_offset = max(cached - q.shape[2], 0)
+        out = self.attend(q, k, v, key_valid, query_offset=query_offset, output_attentions=output_attentions)
+        merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
+        out.hidden_states = self.o_proj(merged)
+        return out
+
+    # ----- compute ---------------------------------------------------------------------------------------------
+
+    def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
+        if not self.use_sbm:
+            return DenseAttention.attend(
+                self, q, k, v, key_valid, query_offset=query_offset, output_attentions=output_attentions
+            )
+        in_dtype = q.dtype
+        # Probabilities, sampling and the attention itself run in fp32 (as the official code does).
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            out = self._attend_fp32(q.float(), k.float(), v.float(), key_valid, query_offset, output_attentions)
+        out.hidden_states = out.hidden_states.to(in_dtype)
+        if out.attn_weights is not None:
+            out.attn_weights = out.attn_weights.to(in_dtype)
+        return out
+
+    def _attend_fp32(self, q, k, v, key_valid, offset: int, output_attentions: bool) -> AttentionOutput:
+        cfg = self.config
+        B, H, n, _ = q.shape
+        m = k.shape[2]
+        device = q.device
+        query_valid = None
+        if key_valid is not None and not self.is_cross_attention:
+            query_valid = key_valid[:, offset : offset + n]
+        q_memb = self.memberships(q, query_valid)  # (B, H, n, k)
+        k_memb = self.memberships(k, key_valid)  # (B, H, m, k)
+        blocks = self.block_matrix()  # (H, k, k)
+        pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
+        sampling = self.training or cfg.sample_at_eval
+        delta = float(cfg.exploration_delta) if (self.training or cfg.exploration_at_eval) else 0.0
+        reference = cfg.attention_backend == "reference" or output_attentions
+        dropout_p = self.dropout if self.training else 0.0
+        paper = cfg.ste_variant == "paper"
+        weights = None
+
+        if self.choose_backend(q_memb, k_memb, blocks, delta, pairs, sampling) == "bernoulli":
+            allowed = self.allowed_pairs(key_valid, query_valid, n, m, offset, device)
+            probs = (q_memb @ blocks) @ k_memb.transpose(-1, -2)  # (B, H, n, m)
+            with torch.no_grad():
+                blocked, sampled = self.sample_dense(probs.detach(), delta, allowed, offset, sampling)
+                row_counts = m - blocked.sum(-1)  # (B, H, n) attended keys per query
+                sampled_counts = (row_counts if sampled is None else sampled.sum(-1, dtype=torch.float32)).sum(-1)
+                attended = None if not reference else blocked == 0
+            logits = (q.detach(), k.detach(), self.scaling) if paper else None
+            bias, counts = DenseMaskSTE.apply(probs, blocked, sampled, sampled_counts, float(cfg.ste_clip), logits)
+            if reference:
+                out, weights = dense_masked_attention(
+                    q, k, v, attended, dropout_p=dropout_p, scale=self.scaling, training=self.training,
+                    return_weights=output_attentions, logit_bias=bias,
+                )  # fmt: skip
+            else:
+                # A float mask that requires grad makes SDPA use its math kernel and return the logit gradient.
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scaling)
+                out = out.masked_fill((row_counts == 0)[..., None], 0.0)
+            attended_counts = row_counts.sum(-1)  # (B, H)
+        else:
+            generator = None
+            if not self.training:
+                generator = torch.Generator(device=device).manual_seed(self.eval_seed)
+            with torch.no_grad():
+                structural = self.structural_ids(B, n, m, offset, query_valid, key_valid, device)
+                rows, cols, sampled = fastrg_edges(
+                    q_memb.detach(), k_memb.detach(), blocks.detach(), delta=delta, query_valid=query_valid,
+                    key_valid=key_valid, causal=self.is_causal, query_offset=offset, structural=structural,
+                    generator=generator,
+                )  # fmt: skip
+            crow = row_pointers(rows, B * H * n)
+            # p_ij = <Q̂_i, Ŝ K̂_j> = <Q̂_i, (K̂ Ŝᵀ)_j>
+            k_memb_s = (k_memb @ blocks.transpose(-1, -2)).reshape(B * H * m, -1)
+            ones = EdgeSTE.apply(
+                q_memb.reshape(B * H * n, -1), k_memb_s, rows, cols, crow, sampled, float(cfg.ste_clip)
+            )
+            qf, kf, vf = flatten_heads(q), flatten_heads(k), flatten_heads(v)
+            if paper:
+                with torch.no_grad():
+                    scores = edge_pattern(rows, cols, B * H * n, B * H * m).sddmm(qf, kf, self.scaling)
+                logit_bias = scores * (ones - 1.0)  # forward 0; gradient to the mask = logit gradient × logit
+            else:
+                logit_bias = ones - 1.0  # forward 0; gradient to the mask = logit gradient
+            owner = rows // n  # (b, h) of each edge
+            counts = torch.zeros(B * H, device=device).index_add(0, owner, ones * sampled).view(B, H)
+            attended_counts = torch.bincount(owner, minlength=B * H).view(B, H).float()
+            if reference:
+                flat = rows * m + cols % m
+                mask = torch.zeros(B * H * n * m, dtype=torch.bool, device=device).index_fill_(0, flat, True)
+                dense_bias = torch.zeros(B * H * n * m, device=device).index_put((flat,), logit_bias)
+                out, weights = dense_masked_attention(
+                    q, k, v, mask.view(B, H, n, m), dropout_p=dropout_p, scale=self.scaling, training=self.training,
+                    return_weights=output_attentions, logit_bias=dense_bias.view(B, H, n, m),
+                )  # fmt: skip
+            else:
+                out = edge_attention(
+                    qf, kf, vf, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p,
+                    training=self.training, sorted_rows=True,
+                )  # fmt: skip
+                out = unflatten_heads(out, B, H, n)
+
+        total_pairs = pairs.sum().clamp(min=1.0)
+        # Regulariser on the sampled edges through the straight-through counts: λ times this layer's mean density,
+        # divided by the depth of the stack so that the model's total is λ times the mean over layers.
+        aux_loss = (counts.sum(0) / total_pairs).mean() * (cfg.sparsity_weight / self.num_site_layers)
+        if cfg.sparsity_weight == 0:
+            # Keeps the loss graph (and the STE backward) free of a regulariser that contributes nothing.
+            aux_loss = aux_loss.detach()
+        if not self.training:
+            # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
+            # expanded along dim 0 by beam search).
+            aux_loss = None
+        density = (attended_counts.sum(0) / total_pairs).detach()  # (H,)
+        return AttentionOutput(hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density)

@@ -1,0 +1,122 @@
+"""Configuration of the SBM-Transformer family (Cho et al., NeurIPS 2022)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from huggingface_hub.dataclasses import strict
+
+from ..core.configuration import ZooConfig
+
+SAMPLING_BACKENDS = ("bernoulli", "fastrg", "auto")
+STE_VARIANTS = ("official", "paper")
+
+
+@strict
+class SBMConfig(ZooConfig):
+    r"""
+    Configuration of SBM-Transformer: every attention head samples its own bipartite graph from a stochastic block
+    model whose memberships are predicted from the queries and keys, and attends only over the sampled edges. The
+    fields below come on top of [`~attnzoo.core.ZooConfig`], whose Args list documents the shared fields.
+
+    SBM attention is used in the encoder, in decoder causal self-attention and in cross-attention (SBM samples
+    bipartite graphs natively); `sbm_in_decoder` and `sbm_in_cross_attention` fall back to dense attention per site.
+
+    Args:
+        num_clusters (`int`, *optional*, defaults to 128):
+            Number of clusters `k` of the block model (cluster embeddings per head of shape `(k, head_dim)`).
+        exploration_delta (`float`, *optional*, defaults to 0.01):
+            Exploration probability `δ` added to every edge probability, so that every valid pair can be sampled and
+            receive a gradient.
+        exploration_at_eval (`bool`, *optional*, defaults to `True`):
+            Keep `δ` in eval mode (the official code does; the paper describes it for training only).
+        sparsity_weight (`float`, *optional*, defaults to 0.0):
+            `λ` of the mask-density regulariser: each SBM layer returns `λ * mean_head_density / num_layers` as its
+            auxiliary loss, so the encoder's total is `λ` times the density averaged over heads and layers.
+        ste_variant (`str`, *optional*, defaults to `"official"`):
+            Straight-through estimator of the mask gradient. `"official"` (the authors' code): a sampled edge's
+            probability receives the gradient of that edge's attention logit. `"paper"` (Eq. 9): the mask
+            multiplies the logits, so it receives the logit gradient times the logit.
+        ste_clip (`float`, *optional*, defaults to 1.0):
+            Clip (hardtanh) applied to the gradient of each sampled edge probability.
+        shared_membership_mlp (`bool`, *optional*, defaults to `True`):
+            One membership MLP per layer shared by all heads and by queries and keys (official code); `False` gives
+            each head its own MLP (paper text).
+        membership_logit_bias (`float`, *optional*, defaults to 0.0):
+            Constant added to the membership logits before the sigmoid. 0 is the paper's model (initial density
+            about 25%); a negative value starts the model sparse, e.g. -2.6 gives about 1.5% initial density. Used
+            to time models at the low densities that training with `λ > 0` reaches.
+        add_self_loops (`bool`, *optional*, defaults to `False`):
+            Always let every query attend to its own position (self-attention only). The universality proof uses
+            them; the paper's experiments do not.
+        local_window (`int`, *optional*, defaults to 0):
+            Width of a local window added to the sampled graph in self-attention (query `i` also attends to `j` with
+            `|i - j| <= local_window // 2`). 0 disables it; the paper's GLUE models use 64. Window edges carry no
+            probability gradient and are not counted by the regulariser.
+        sampling_backend (`str`, *optional*, defaults to `"bernoulli"`):
+            `"bernoulli"`: dense exact Bernoulli sampling of every pair and dense masked attention (what the official
+            code ran; O(N²) memory). `"fastrg"`: vectorised fastRG sampling of an edge list (Poisson edge counts,
+            duplicates merged) and edge-list attention, linear in the number of edges. `"auto"`: fastRG when the
+            expected density is below `auto_density_threshold`, Bernoulli otherwise (decided per call).
+        auto_density_threshold (`float`, *optional*, defaults to 0.02):
+            Expected density under which `"auto"` picks fastRG.
+        sample_at_eval (`bool`, *optional*, defaults to `True`):
+            Sample graphs in eval mode too (official code; the paper reports test-time densities of sampled
+            graphs). `False` attends over the most likely graph (pairs with probability >= 0.5) in eval.
+        sampling_seed (`int`, *optional*, defaults to 0):
+            Seed of eval-mode sampling, combined with the layer index, so evaluation is deterministic. Training
+            draws from the global torch RNG (reproducible with `set_seed`, replayed by gradient checkpointing).
+        sbm_in_decoder (`bool`, *optional*, defaults to `True`):
+            Use SBM attention in the decoder's causal self-attention of `SBMForConditionalGeneration` (dense
+            otherwise).
+        sbm_in_cross_attention (`bool`, *optional*, defaults to `True`):
+            Use SBM attention in the decoder's cross-attention (dense otherwise).
+
+    Example:
+
+    ```python
+    >>> import attnzoo
+    >>> from transformers import AutoModelForSequenceClassification
+    >>> config = attnzoo.SBMConfig(vocab_size=8000, hidden_size=128, num_clusters=64, sparsity_weight=1e-2)
+    >>> model = AutoModelForSequenceClassification.from_config(config)
+    ```
+    """
+
+    model_type = "sbm"
+    method_sites: ClassVar[tuple[str, ...]] = ("encoder", "decoder", "cross_attention")
+
+    num_clusters: int = 128
+    exploration_delta: float | int = 0.01
+    exploration_at_eval: bool = True
+    sparsity_weight: float | int = 0.0
+    ste_variant: str = "official"
+    ste_clip: float | int = 1.0
+    shared_membership_mlp: bool = True
+    membership_logit_bias: float | int = 0.0
+    add_self_loops: bool = False
+    local_window: int = 0
+    sampling_backend: str = "bernoulli"
+    auto_density_threshold: float | int = 0.02
+    sample_at_eval: bool = True
+    sampling_seed: int = 0
+    sbm_in_decoder: bool = True
+    sbm_in_cross_attention: bool = True
+
+    def check_zoo_fields(self) -> None:
+        super().check_zoo_fields()
+        if self.num_clusters < 1:
+            raise ValueError(f"`num_clusters` must be a positive integer, got {self.num_clusters}.")
+        if not 0.0 <= self.exploration_delta <= 1.0:
+            raise ValueError(f"`exploration_delta` must be in [0, 1], got {self.exploration_delta}.")
+        if self.sparsity_weight < 0:
+            raise ValueError(f"`sparsity_weight` must be >= 0, got {self.sparsity_weight}.")
+        if self.ste_variant not in STE_VARIANTS:
+            raise ValueError(f"`ste_variant` must be one of {STE_VARIANTS}, got {self.ste_variant!r}.")
+        if self.ste_clip <= 0:
+            raise ValueError(f"`ste_clip` must be positive, got {self.ste_clip}.")
+        if self.local_window < 0:
+            raise ValueError(f"`local_window` must be >= 0 (0 disables it), got {self.local_window}.")
+        if self.sampling_backend not in SAMPLING_BACKENDS:
+            raise ValueError(f"`sampling_backend` must be one of {SAMPLING_BACKENDS}, got {self.sampling_backend!r}.")
+        if not 0.0 < self.auto_density_threshold <= 1.0:
+            raise ValueError(f"`auto_density_threshold` must be in (0, 1], got {self.auto_density_threshold}.")

@@ -1,0 +1,383 @@
+"""Method tests of SBM attention (methods.md §5.7): limits, kernels, straight-through gradients, fastRG law,
+padding/causal structure, initial density, eval determinism, the decoder sites and the density callback."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnzoo.sbm  # noqa: F401  (registers the family)
+from attnzoo.core.attention import DenseAttention
+from attnzoo.kernels import dense_masked_attention, edge_attention
+from attnzoo.sbm import SBMAttention, SBMConfig, SBMForConditionalGeneration, SBMForSequenceClassification
+from attnzoo.sbm.callbacks import SBMDensityCallback
+from attnzoo.sbm.sampling import DenseMaskSTE, EdgeSTE, counter_uniform, fastrg_edges, fastrg_multigraph
+
+
+def make_config(**overrides) -> SBMConfig:
+    base = {
+        "vocab_size": 200,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+        "num_clusters": 16,
+        "attention_probs_dropout_prob": 0.0,
+        "hidden_dropout_prob": 0.0,
+        "decoder_layers": 1,
+    }
+    base.update(overrides)
+    return SBMConfig(**base)
+
+
+def make_attention(config: SBMConfig, seed: int = 0, **kwargs) -> SBMAttention:
+    torch.manual_seed(seed)
+    attn = SBMAttention(config, **kwargs)
+    for module in attn.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=0.2)
+    attn.init_method_weights()
+    return attn
+
+
+def qkv(B=2, H=4, n=12, m=None, d=8, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    m = n if m is None else m
+    return (
+        torch.randn(B, H, n, d, generator=g),
+        torch.randn(B, H, m, d, generator=g),
+        torch.randn(B, H, m, d, generator=g),
+    )
+
+
+# ----- limits and kernels ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_all_ones_probabilities_equal_dense_attention(training):
+    # Memberships saturate at 1 and Ŝ sums to 1, so p_ij = 1 for every pair: SBM attends everywhere.
+    config = make_config(membership_logit_bias=60.0, exploration_delta=0.0)
+    attn = make_attention(config).train(training)
+    dense = DenseAttention(config)
+    dense.load_state_dict(attn.state_dict(), strict=False)
+    x = torch.randn(2, 10, 32)
+    key_valid = torch.tensor([[True] * 10, [True] * 7 + [False] * 3])
+    out = attn(x, key_valid)
+    ref = dense(x, key_valid)
+    torch.testing.assert_close(out.hidden_states[0], ref.hidden_states[0])
+    torch.testing.assert_close(out.hidden_states[1, :7], ref.hidden_states[1, :7])
+    torch.testing.assert_close(out.density, torch.ones(4))
+
+
+def test_block_matrix_sums_to_one_and_probabilities_in_unit_interval():
+    attn = make_attention(make_config())
+    blocks = attn.block_matrix()
+    torch.testing.assert_close(blocks.sum((-1, -2)), torch.ones(4))
+    q, k, _ = qkv()
+    probs = attn.memberships(q, None) @ blocks @ attn.memberships(k, None).transpose(-1, -2)
+    assert probs.min() >= 0 and probs.max() <= 1
+
+
+def test_edge_list_equals_dense_masked_attention_for_a_fixed_mask():
+    q, k, v = (t.requires_grad_() for t in qkv(B=1, H=2, n=9, d=4))
+    mask = torch.rand(1, 2, 9, 9, generator=torch.Generator().manual_seed(3)) < 0.3
+    mask[0, 1, 4] = False  # a row without edges gives zeros
+    flat = mask.reshape(-1).nonzero().squeeze(1)
+    rows, cols = flat // 9, (flat // 81) * 9 + flat % 9
+    ones = torch.ones(rows.shape, requires_grad=True)
+    out = edge_attention(q.reshape(-1, 4), k.reshape(-1, 4), v.reshape(-1, 4), rows, cols, logit_bias=ones - 1)
+    grad = torch.randn(1, 2, 9, 4)
+    (out.view(1, 2, 9, 4) * grad).sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    ref, _ = dense_masked_attention(q, k, v, mask)
+    (ref * grad).sum().backward()
+    torch.testing.assert_close(out.view(1, 2, 9, 4), ref)
+    assert torch.all(out.view(1, 2, 9, 4)[0, 1, 4] == 0)
+    for a, t in zip(got, (q, k, v), strict=True):
+        torch.testing.assert_close(a, t.grad)
+
+
+@pytest.mark.parametrize(
+    "backend,variant,training",
+    [
+        ("bernoulli", "official", True),
+        ("bernoulli", "official", False),
+        ("bernoulli", "paper", True),
+        ("fastrg", "official", True),
+        ("fastrg", "official", False),
+        ("fastrg", "paper", True),
+    ],
+)
+def test_fast_path_equals_reference_on_the_same_graph(backend, variant, training):
+    config = make_config(sampling_backend=backend, ste_variant=variant, sparsity_weight=0.5, local_window=4)
+    results = []
+    for reference in (False, True):
+        config.attention_backend = "reference" if reference else "fast"
+        attn = make_attention(config).train(training)
+        x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(5), requires_grad=True)
+        key_valid = torch.tensor([[True] * 11, [True] * 8 + [False] * 3])
+        torch.manual_seed(7)  # same training-mode samples
+        out = attn(x, key_valid)
+        loss = (out.hidden_states * torch.linspace(-1, 1, 32)).sum()
+        if training:
+            loss = loss + out.aux_loss
+        loss.backward()
+        grads = {name: p.grad for name, p in attn.named_parameters()}
+        results.append((out.hidden_states.detach(), out.density, grads, x.grad))
+    (out_f, dens_f, grads_f, xg_f), (out_r, dens_r, grads_r, xg_r) = results
+    torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(dens_f, dens_r)
+    torch.testing.assert_close(xg_f, xg_r, atol=1e-5, rtol=1e-4)
+    for name in grads_f:
+        scale = grads_r[name].abs().max().item()
+        torch.testing.assert_close(grads_f[name], grads_r[name], atol=1e-5 * scale + 1e-6, rtol=1e-4, msg=name)
+    assert grads_f["clusters"].abs().sum() > 0
+
+
+# ----- straight-through estimator and regulariser ---------------------------------------------------------------
+
+
+def _dense_ste_setup(variant: str, clip: float = 1.0):
+    q, k, v = qkv(B=1, H=2, n=6, d=4)
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(1, 2, 6, 6, generator=gen, requires_grad=True)
+    sampled = torch.rand(1, 2, 6, 6, generator=gen) < 0.5
+    blocked = (~sampled).float()
+    counts = sampled.sum((-1, -2)).float()
+    logits = (q, k, 0.5) if variant == "paper" else None
+    bias, counts_out = DenseMaskSTE.apply(probs, blocked, None, counts, clip, logits)
+    grad_out = torch.randn(1, 2, 6, 4, generator=gen) * 10
+    return q, k, v, probs, sampled, bias, counts_out, grad_out
+
+
+@pytest.mark.parametrize("variant", ["official", "paper"])
+def test_ste_gradient_is_the_clipped_logit_gradient_on_sampled_edges_only(variant):
+    q, k, v, probs, sampled, bias, _, grad_out = _dense_ste_setup(variant)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.5)
+    (out * grad_out).sum().backward()
+    # Definition: the gradient w.r.t. a zero added to each sampled logit (official), times the logit (paper).
+    zero = torch.zeros(1, 2, 6, 6, requires_grad=True)
+    scores = q @ k.transpose(-1, -2) * 0.5
+    logits = (scores + zero).masked_fill(~sampled, float("-inf"))
+    ((logits.softmax(-1) @ v) * grad_out).sum().backward()
+    expected = zero.grad * (scores if variant == "paper" else 1.0)
+    expected = expected.clamp(-1, 1).masked_fill(~sampled, 0.0)
+    torch.testing.assert_close(probs.grad, expected)
+    assert torch.all(probs.grad[~sampled] == 0)
+    assert probs.grad.abs().max() <= 1.0
+    assert (expected.abs() == 1.0).any(), "the test should exercise the clip"
+
+
+def test_regulariser_gradient_reaches_every_sampled_probability():
+    _, _, _, probs, sampled, _, counts, _ = _dense_ste_setup("official", clip=10.0)
+    weight = 0.37
+    (weight * counts.sum()).backward()
+    torch.testing.assert_close(probs.grad, sampled.float() * weight)
+
+
+def test_regulariser_of_the_module_is_lambda_times_mean_density():
+    config = make_config(sparsity_weight=0.2)
+    attn = make_attention(config).train()
+    out = attn(torch.randn(2, 10, 32))
+    torch.testing.assert_close(out.aux_loss, 0.2 * out.density.mean() / config.num_hidden_layers)
+
+
+def test_edge_ste_gradient_matches_dense_definition():
+    gen = torch.Generator().manual_seed(0)
+    q_memb = torch.rand(7, 3, generator=gen, requires_grad=True)
+    ks = torch.rand(5, 3, generator=gen, requires_grad=True)
+    rows = torch.tensor([0, 0, 2, 3, 3, 3, 6])
+    cols = torch.tensor([1, 4, 0, 0, 2, 3, 4])
+    sampled = torch.tensor([True, True, False, True, True, True, True])
+    crow = torch.searchsorted(rows, torch.arange(8))
+    ones = EdgeSTE.apply(q_memb, ks, rows, cols, crow, sampled, 1.0)
+    assert torch.all(ones == 1)
+    grad_m = torch.tensor([0.5, -3.0, 2.0, 0.1, 0.2, -0.3, 4.0])
+    (ones * grad_m).sum().backward()
+    g = torch.zeros(7, 5)
+    g[rows, cols] = (grad_m * sampled).clamp(-1, 1)
+    torch.testing.assert_close(q_memb.grad, g @ ks.detach())
+    torch.testing.assert_close(ks.grad, g.t() @ q_memb.detach())
+
+
+# ----- fastRG law ------------------------------------------------------------------------------------------------
+
+
+def _toy_memberships():
+    gen = torch.Generator().manual_seed(0)
+    q_memb = torch.rand(1, 1, 6, 3, generator=gen) * 0.9
+    k_memb = torch.rand(1, 1, 5, 3, generator=gen) * 0.9
+    blocks = torch.rand(1, 3, 3, generator=gen)
+    blocks = blocks / blocks.sum()
+    return q_memb, k_memb, blocks, (q_memb @ blocks @ k_memb.transpose(-1, -2))[0, 0]
+
+
+def test_fastrg_counts_are_poisson_with_mean_sum_p_and_pair_means_p():
+    q_memb, k_memb, blocks, p = _toy_memberships()
+    gen = torch.Generator().manual_seed(1)
+    draws = 4000
+    totals, pair_counts = [], torch.zeros(6, 5)
+    for _ in range(draws):
+        _, i, j = fastrg_multigraph(q_memb, k_memb, blocks, gen)
+        totals.append(i.numel())
+        pair_counts.index_put_((i, j), torch.ones(i.numel()), accumulate=True)
+    totals = torch.tensor(totals, dtype=torch.float64)
+    mean = p.sum().item()
+    assert abs(totals.mean().item() - mean) < 4 * math.sqrt(mean / draws)
+    assert abs(totals.var().item() - mean) < 0.15 * mean  # Poisson: variance equals the mean
+    torch.testing.assert_close(pair_counts / draws, p, atol=0.03, rtol=0)
+
+
+def test_fastrg_inclusion_after_dedup_is_one_minus_exp_minus_p():
+    q_memb, k_memb, blocks, p = _toy_memberships()
+    gen = torch.Generator().manual_seed(2)
+    draws = 4000
+    hits = torch.zeros(30)
+    for _ in range(draws):
+        rows, cols, sampled = fastrg_edges(
+            q_memb, k_memb, blocks, delta=0.0, query_valid=None, key_valid=None, causal=False, query_offset=0,
+            structural=None, generator=gen,
+        )  # fmt: skip
+        assert sampled.all() and torch.unique(rows * 5 + cols).numel() == rows.numel()
+        hits[rows * 5 + cols] += 1
+    torch.testing.assert_close(hits.view(6, 5) / draws, 1 - torch.exp(-p), atol=0.03, rtol=0)
+
+
+@pytest.mark.parametrize("backend,expected", [("bernoulli", 0.2), ("fastrg", 1 - math.exp(-0.2))])
+def test_exploration_alone_gives_density_delta(backend, expected):
+    config = make_config(membership_logit_bias=-60.0, exploration_delta=0.2, sampling_backend=backend)
+    attn = make_attention(config).train()
+    density = torch.stack([attn(torch.randn(4, 64, 32)).density for _ in range(5)]).mean()
+    assert abs(density.item() - expected) < 0.01
+
+
+# ----- structure: padding, causal, cross, initial density --------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["bernoulli", "fastrg"])
+def test_no_edge_to_padded_keys_or_future_keys(backend):
+    config = make_config(sampling_backend=backend, membership_logit_bias=2.0, local_window=4, add_self_loops=True)
+    attn = make_attention(config, is_causal=True).train()
+    key_valid = torch.tensor([[True] * 16, [True] * 10 + [False] * 6])
+    out = attn(torch.randn(2, 16, 32), key_valid, output_attentions=True)
+    weights = out.attn_weights
+    assert torch.all(weights[1, :, :, 10:] == 0)
+    assert torch.all(weights.triu(1) == 0)
+    assert weights[0].sum(-1).sub(1).abs().max() < 1e-5  # self loops: every real row attends somewhere
+    assert not torch.isnan(out.hidden_states).any()
+
+
+def test_cross_attention_samples_bipartite_graphs():
+    config = make_config()
+    attn = make_attention(config, is_cross_attention=True).train()
+    enc = torch.randn(2, 9, 32)
+    key_valid = torch.tensor([[True] * 9, [True] * 4 + [False] * 5])
+    out = attn(torch.randn(2, 5, 32), key_valid, key_value_states=enc, output_attentions=True)
+    assert out.attn_weights.shape == (2, 4, 5, 9)
+    assert torch.all(out.attn_weights[1, :, :, 4:] == 0)
+
+
+@pytest.mark.parametrize("backend,low,high", [("bernoulli", 0.24, 0.28), ("fastrg", 0.21, 0.25)])
+def test_initial_density_is_about_a_quarter(backend, low, high):
+    config = make_config(sampling_backend=backend, hidden_size=64, num_clusters=128)
+    model = SBMForSequenceClassification(config).train()
+    out = model(input_ids=torch.randint(5, 200, (2, 100)))
+    assert low < out.attention_density.mean().item() < high
+
+
+def test_low_density_variant_starts_below_two_percent():
+    config = make_config(sampling_backend="fastrg", membership_logit_bias=-2.6, hidden_size=64, num_clusters=128)
+    model = SBMForSequenceClassification(config).train()
+    density = model(input_ids=torch.randint(5, 200, (2, 120))).attention_density.mean().item()
+    assert 0.01 < density < 0.02
+
+
+def test_auto_backend_follows_expected_density():
+    x = torch.randn(1, 64, 32)
+    dense_like = make_attention(make_config(sampling_backend="auto"))
+    sparse_like = make_attention(make_config(sampling_backend="auto", membership_logit_bias=-4.0))
+    q, k, _ = dense_like.project_qkv(x, None, None)
+    pairs = torch.tensor([64.0 * 64])
+    for attn, want in ((dense_like, "bernoulli"), (sparse_like, "fastrg")):
+        args = (attn.memberships(q, None), attn.memberships(k, None), attn.block_matrix(), 0.01, pairs, True)
+        assert attn.choose_backend(*args) == want
+
+
+# ----- eval determinism, decoding, config -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["bernoulli", "fastrg"])
+def test_eval_is_deterministic_and_seeded(backend):
+    config = make_config(sampling_backend=backend)
+    model = SBMForSequenceClassification(config).eval()
+    ids = torch.randint(5, 200, (2, 30))
+    a, b = model(input_ids=ids).logits, model(input_ids=ids).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    model.config.sampling_seed = 1
+    for layer in model.model.encoder.layers:
+        layer.attention.eval_seed = SBMAttention(model.config, layer_idx=layer.attention.layer_idx).eval_seed
+    assert not torch.equal(model(input_ids=ids).logits, a)
+
+
+def test_counter_uniforms_do_not_depend_on_shapes():
+    full = counter_uniform(3, 2, torch.arange(10), torch.arange(12))
+    part = counter_uniform(3, 2, torch.arange(7, 10), torch.arange(12))
+    torch.testing.assert_close(full[:, 7:], part, rtol=0, atol=0)
+    assert 0.45 < full.mean() < 0.55
+
+
+def test_incremental_decoding_matches_full_decoding_in_eval():
+    config = make_config()
+    model = SBMForConditionalGeneration(config).eval()
+    ids = torch.randint(5, 200, (2, 12))
+    dec = torch.randint(5, 200, (2, 6))
+    full = model(input_ids=ids, decoder_input_ids=dec).logits
+    enc = model.get_encoder()(input_ids=ids)
+    step = model(encoder_outputs=enc, decoder_input_ids=dec[:, :5], use_cache=True)
+    last = model(encoder_outputs=enc, decoder_input_ids=dec[:, 5:], past_key_values=step.past_key_values)
+    torch.testing.assert_close(last.logits[:, -1], full[:, -1], atol=1e-5, rtol=1e-4)
+    generated = model.generate(input_ids=ids, max_new_tokens=4, num_beams=2)
+    assert generated.shape[0] == 2
+
+
+def test_decoder_sites_can_fall_back_to_dense():
+    model = SBMForConditionalGeneration(make_config(sbm_in_decoder=False, sbm_in_cross_attention=False))
+    layer = model.model.decoder.layers[0]
+    assert not layer.self_attn.use_sbm and not hasattr(layer.cross_attn, "clusters")
+    assert model.model.encoder.layers[0].attention.use_sbm
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_clusters", 0),
+        ("exploration_delta", 1.5),
+        ("sparsity_weight", -1.0),
+        ("ste_variant", "other"),
+        ("ste_clip", 0.0),
+        ("local_window", -2),
+        ("sampling_backend", "dgl"),
+        ("auto_density_threshold", 0.0),
+    ],
+)
+def test_bad_config_values_raise_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        make_config(**{field: value})
+
+
+def test_density_callback_logs_mean_density_per_layer():
+    config = make_config()
+    model = SBMForSequenceClassification(config).train()
+    callback = SBMDensityCallback()
+    callback.on_train_begin(None, None, None, model=model)
+    model(input_ids=torch.randint(5, 200, (2, 20)))
+    logs: dict[str, float] = {}
+    callback.on_log(None, None, None, model=model, logs=logs)
+    assert set(logs) == {"sbm_density/layer_0", "sbm_density/layer_1", "sbm_density/mean"}
+    assert all(0 < value < 1 for value in logs.values())
