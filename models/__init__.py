@@ -14,7 +14,7 @@ if __name__ != "attnzoo":
 
 __version__ = "0.1.0"
 
-from . import a2former, dense, fsat, sbm, sparse_transformer
+from . import a2former, dense, fsat, sbm, smart_bird, sparse_transformer
 from .a2former import (
     A2FormerConfig,
     A2FormerForConditionalGeneration,
@@ -40,6 +40,13 @@ from .fsat import (
 from .pipelines import SparseSummarizationPipeline, summarize
 from .registry import FAMILIES, Family, register_family
 from .sbm import SBMConfig, SBMForConditionalGeneration, SBMForMaskedLM, SBMForSequenceClassification, SBMModel
+from .smart_bird import (
+    SmartBirdConfig,
+    SmartBirdForConditionalGeneration,
+    SmartBirdForMaskedLM,
+    SmartBirdForSequenceClassification,
+    SmartBirdModel,
+)
 from .sparse_transformer import (
     SparseTransformerConfig,
     SparseTransformerForConditionalGeneration,
@@ -71,6 +78,11 @@ __all__ = [
     "SBMForMaskedLM",
     "SBMForSequenceClassification",
     "SBMModel",
+    "SmartBirdConfig",
+    "SmartBirdForConditionalGeneration",
+    "SmartBirdForMaskedLM",
+    "SmartBirdForSequenceClassification",
+    "SmartBirdModel",
     "SparseSummarizationPipeline",
     "SparseTransformerConfig",
     "SparseTransformerForConditionalGeneration",
@@ -84,6 +96,7 @@ __all__ = [
     "fsat",
     "register_family",
     "sbm",
+    "smart_bird",
     "sparse_transformer",
     "summarize",
 ]

@@ -1,0 +1,100 @@
+"""Smart Bird attention: per-head attentive token sampling from the sketch, then gathered sparse attention."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.attention import AttentionOutput, ZooAttention
+from ..kernels import gathered_attention
+from .configuration_smart_bird import SmartBirdConfig
+from .sampling import sample_keys
+
+
+class SmartBirdAttention(ZooAttention):
+    """Encoder self-attention over `num_samples` keys per query and head, sampled from the sketch's attention.
+
+    Selection: the encoder hands this module its sketch layer's queries and keys (`self.sketch`, set before every
+    forward); [`~attnzoo.smart_bird.sampling.sample_keys`] draws each head's keys independently (exactly the
+    paper's law, without an `H x N x N` noise tensor). Compute: [`~attnzoo.kernels.gathered_attention`] on the
+    selected keys, or, with `attention_backend="reference"` or `output_attentions=True`, the dense masked reference
+    over the same keys and weights.
+
+    Training draws from the global torch RNG (gradient checkpointing restores it, so the re-run selects the same
+    keys); eval draws, for every sample separately, from a generator seeded with `sampling_seed + layer_idx` (so a
+    text's keys do not depend on the rest of its batch), or takes the top-K sketch weights (`eval_sampling="topk"`).
+    Used on its own, without a sketch, every real key has the same sketch weight. The auxiliary loss of the family
+    is the sketch network's, added by the encoder.
+    """
+
+    supports_causal = False
+    supports_cross_attention = False
+    is_stochastic = True
+    has_aux_loss = True
+
+    def __init__(self, config: SmartBirdConfig, **kwargs):
+        super().__init__(config, **kwargs)
+        #: `(queries, keys)` of the sketch layer, each `(B, N, sketch_hidden_size)`, set by the encoder
+        self.sketch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def select(self, q: torch.Tensor, key_valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample each head's keys: `(idx, valid)` of shape `(B, H, N, min(K, N))`."""
+        B, H, N, _ = q.shape
+        sketch = self.sketch
+        if sketch is None or sketch[0].shape[:2] != (B, N):
+            flat = q.new_zeros(B, N, 1, dtype=torch.float32)
+            sketch = (flat, flat)
+        function = self.config.sampling_function
+        seeded = not self.training and self.config.eval_sampling == "sample"
+        if not self.training and self.config.eval_sampling == "topk":
+            function = "topk"
+        with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
+            if not seeded:
+                return self._sample(sketch, key_valid, H, function, None)
+            # Eval: every sample draws from its own generator with the same seed, so an input's keys do not depend
+            # on the rest of the batch (a text batched with others gets the keys it gets alone, at equal length).
+            parts = [
+                self._sample(
+                    (sketch[0][b : b + 1], sketch[1][b : b + 1]),
+                    None if key_valid is None else key_valid[b : b + 1],
+                    H,
+                    function,
+                    torch.Generator(device=q.device).manual_seed(self.config.sampling_seed + self.layer_idx),
+                )
+                for b in range(B)
+            ]
+            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def _sample(self, sketch, key_valid, num_heads, function, generator):
+        return sample_keys(
+            sketch[0].detach(),
+            sketch[1].detach(),
+            key_valid,
+            num_heads=num_heads,
+            num_samples=self.config.num_samples,
+            function=function,
+            generator=generator,
+        )
+
+    def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
+        idx, valid = self.select(q, key_valid)  # (B, H, N, K)
+        density = self._density(valid, key_valid)
+        if output_attentions or self.config.attention_backend == "reference":
+            # Selected keys are distinct per row, so the dense mask holds exactly the sampled pattern.
+            mask = torch.zeros(*q.shape[:3], k.shape[2], dtype=torch.bool, device=q.device).scatter_(3, idx, valid)
+            out = self.dense_reference(q, k, v, mask, output_attentions)
+            out.density = density
+            return out
+        out = gathered_attention(
+            q, k, v, idx, valid, scale=self.scaling, dropout_p=self.dropout, training=self.training
+        )
+        return AttentionOutput(hidden_states=out, density=density)
+
+    @staticmethod
+    def _density(valid: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:
+        """Per head: attended pairs over all valid (real query, real key) pairs."""
+        B, H, N, _ = valid.shape
+        if key_valid is None:
+            return valid.sum((0, 2, 3)).float() / (B * N * N)
+        attended = (valid & key_valid[:, None, :, None]).sum((0, 2, 3)).float()
+        pairs = (key_valid.sum(-1).float() ** 2).sum().clamp(min=1.0)
+        return attended / pairs

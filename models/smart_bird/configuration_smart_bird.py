@@ -1,0 +1,98 @@
+"""Configuration of Smart Bird: sparse attention over keys sampled from a sketched attention matrix."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+
+from ..core.configuration import ZooConfig
+
+#: Sampling score functions of the paper's Figure 4 (first = the paper's method).
+SAMPLING_FUNCTIONS = ("squared_inverse_log", "inverse_log", "raw", "topk", "random")
+EVAL_SAMPLING_MODES = ("sample", "topk")
+
+
+@strict
+class SmartBirdConfig(ZooConfig):
+    r"""
+    Configuration of Smart Bird (Wu et al., "Smart Bird: Learnable Sparse Attention for Efficient and Effective
+    Transformer"). A single-head, low-dimensional *sketch* Transformer computes an attention matrix `alpha` per
+    layer; every head of the main encoder then samples its own `num_samples` keys per query with scores
+    `s_ij ~ U(0, p_ij)`, `p_ij = 1 / log(alpha_ij)^2`, and attends only to them.
+
+    Where the method runs: encoder self-attention only. The decoder self-attention and the cross-attention of
+    [`SmartBirdForConditionalGeneration`] are dense (SDPA), as the paper defines no causal or cross sketch.
+
+    Besides the fields below, every field of [`~attnzoo.core.ZooConfig`] applies. The sketch network's loss is
+    returned as the model's `aux_loss` (already multiplied by `sketch_loss_weight`); the heads add
+    `aux_loss_coef * aux_loss` to the task loss, so the effective weight is `aux_loss_coef * sketch_loss_weight`.
+
+    Args:
+        sketch_hidden_size (`int`, *optional*, defaults to 4):
+            Width `d` of the single-head sketch Transformer (the paper's choice; 8 was marginally better).
+        sketch_num_layers (`int`, *optional*):
+            Layers of the sketch Transformer; main layer `l` samples from sketch layer `min(l, sketch_num_layers - 1)`.
+            Defaults to `num_hidden_layers` (one sketch layer per main layer).
+        sketch_intermediate_size (`int`, *optional*, defaults to 16):
+            Feed-forward width of the sketch Transformer (not stated in the paper).
+        num_samples (`int`, *optional*, defaults to 20):
+            Number `K` of keys each query attends to per head (the paper's choice; `min(K, length)` is used).
+        sampling_function (`str`, *optional*, defaults to `"squared_inverse_log"`):
+            How sketch weights become sampling scores (the paper's Figure 4): `"squared_inverse_log"`
+            (`p = 1 / log(alpha)^2`, the method), `"inverse_log"` (`p = -1 / log(alpha)`), `"raw"` (`p = alpha`),
+            `"topk"` (the `K` largest sketch weights, no sampling, same keys for every head) or `"random"`
+            (uniform over the real keys).
+        sketch_loss_weight (`float`, *optional*, defaults to 1.0):
+            Weight of the sketch network's own task loss in the returned `aux_loss`.
+        sketch_freeze (`bool`, *optional*, defaults to `False`):
+            Freeze the sketch network (no gradient, no sketch loss), e.g. for a second stage after pre-training it.
+        eval_sampling (`str`, *optional*, defaults to `"sample"`):
+            Key selection in eval mode: `"sample"` (the same stochastic sampling, from a generator seeded with
+            `sampling_seed` plus the layer index, hence deterministic) or `"topk"` (the `K` largest sketch weights).
+        sampling_seed (`int`, *optional*, defaults to 0):
+            Seed of the eval-mode sampling generator. Training samples from the global torch RNG, so gradient
+            checkpointing replays the same keys.
+
+    Example:
+
+    ```python
+    >>> import attnzoo
+    >>> from transformers import AutoModelForSequenceClassification
+    >>> config = attnzoo.SmartBirdConfig(vocab_size=8000, hidden_size=256, num_attention_heads=4, num_labels=2)
+    >>> model = AutoModelForSequenceClassification.from_config(config)
+    ```
+    """
+
+    model_type = "smart_bird"
+
+    sketch_hidden_size: int = 4
+    sketch_num_layers: int | None = None
+    sketch_intermediate_size: int = 16
+    num_samples: int = 20
+    sampling_function: str = "squared_inverse_log"
+    sketch_loss_weight: float | int = 1.0
+    sketch_freeze: bool = False
+    eval_sampling: str = "sample"
+    sampling_seed: int = 0
+
+    def check_zoo_fields(self) -> None:
+        super().check_zoo_fields()
+        for name in ("sketch_hidden_size", "sketch_intermediate_size", "num_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)}.")
+        if self.sketch_num_layers is not None and self.sketch_num_layers < 1:
+            raise ValueError(f"`sketch_num_layers` must be a positive integer or None, got {self.sketch_num_layers}.")
+        if self.sampling_function not in SAMPLING_FUNCTIONS:
+            raise ValueError(
+                f"`sampling_function` must be one of {SAMPLING_FUNCTIONS}, got {self.sampling_function!r}."
+            )
+        if self.eval_sampling not in EVAL_SAMPLING_MODES:
+            raise ValueError(f"`eval_sampling` must be one of {EVAL_SAMPLING_MODES}, got {self.eval_sampling!r}.")
+        if self.sketch_loss_weight < 0:
+            raise ValueError(f"`sketch_loss_weight` must be >= 0, got {self.sketch_loss_weight}.")
+        if self.sampling_seed < 0:
+            raise ValueError(f"`sampling_seed` must be >= 0, got {self.sampling_seed}.")
+
+    @property
+    def sketch_layers(self) -> int:
+        """Number of sketch layers actually built."""
+        return self.sketch_num_layers if self.sketch_num_layers is not None else self.num_hidden_layers

@@ -1,0 +1,249 @@
+"""Smart Bird's sketch: a single-head, low-dimensional Transformer owned by the encoder, and its own task loss.
+
+The sketch runs once per encoder forward, before the main layers. Each main layer `l` receives the (detached)
+queries and keys of sketch layer `min(l, L_s - 1)`, from which its attention samples keys. The sketch learns only
+from its own task loss (the paper's attention-pooling classifier, or an equally cheap LM loss for MLM and seq2seq),
+returned through the encoder output's `aux_loss`; sampling is not differentiable, so no main-loss gradient reaches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.loss.loss_utils import ForSequenceClassificationLoss
+
+from ..core.attention import ZooAttention
+from ..core.masking import key_valid_from_attention_mask
+from ..core.outputs import ZooModelOutput
+from ..core.stacks import Encoder, check_inputs, check_token_ids
+from .configuration_smart_bird import SmartBirdConfig
+
+#: sketch tasks, one per head: the labels each head receives define the sketch's loss
+SKETCH_TASKS = ("classification", "masked_lm", "seq2seq")
+
+
+class SketchLayer(nn.Module):
+    """Post-norm Transformer layer of width `sketch_hidden_size` with a single attention head.
+
+    Its own attention runs through SDPA (O(N) memory); the layer also returns its queries and keys, from which the
+    main layer's sampler recomputes the sketch weights row chunk by row chunk without gradient.
+    """
+
+    def __init__(self, config: SmartBirdConfig):
+        super().__init__()
+        d = config.sketch_hidden_size
+        self.query = nn.Linear(d, d)
+        self.key = nn.Linear(d, d)
+        self.value = nn.Linear(d, d)
+        self.output = nn.Linear(d, d)
+        self.attention_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(d, config.sketch_intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.ffn_output = nn.Linear(config.sketch_intermediate_size, d)
+        self.ffn_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, key_valid: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, N, d)
+        mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
+        attn = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask).squeeze(1)
+        if key_valid is not None:
+            # A sample without any real token has no valid key: make its rows zeros rather than backend-dependent.
+            attn = attn.masked_fill(~key_valid.any(-1)[:, None, None], 0.0)
+        x = self.attention_norm(x + self.output(attn))
+        x = self.ffn_norm(x + self.ffn_output(self.act(self.intermediate(x))))
+        return x, q, k
+
+
+class SketchNetwork(nn.Module):
+    """The tiny Transformer: input projection of the (detached) main token embeddings, positions, layers, heads.
+
+    The sketch's token embeddings are `input_proj(main_embedding)`: the paper initialised the sketch embeddings as
+    the PCA of the main (GloVe) embeddings, which is exactly this projection with the principal axes as weights
+    (see [`init_sketch_from_main_embeddings`]). It also keeps `inputs_embeds`, `resize_token_embeddings` and
+    vocabulary changes consistent without a second vocabulary-sized table.
+    """
+
+    def __init__(self, config: SmartBirdConfig):
+        super().__init__()
+        d = config.sketch_hidden_size
+        self.input_proj = nn.Linear(config.hidden_size, d)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
+        self.LayerNorm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.layers = nn.ModuleList(SketchLayer(config) for _ in range(config.sketch_layers))
+        # Attention pooling (the paper's sketch head) and the classifier of the classification task.
+        self.pool_proj = nn.Linear(d, d)
+        self.pool_score = nn.Linear(d, 1)
+        self.classifier = nn.Linear(d, config.num_labels)
+
+    def set_task(self, task: str | None, frozen: bool = False) -> None:
+        """Make trainable exactly the parameters the sketch loss of `task` reaches (none for `None` or `frozen`).
+
+        Parameters a task never uses (e.g. the classifier under the masked-LM loss) stay frozen, so every trainable
+        parameter receives a gradient (DDP without `find_unused_parameters`).
+        """
+        self.requires_grad_(task is not None and not frozen)
+        if task is None or frozen:
+            return
+        unused = {
+            "classification": (),
+            "masked_lm": ("pool_proj", "pool_score", "classifier"),
+            "seq2seq": ("classifier",),
+        }
+        for name in unused[task]:
+            getattr(self, name).requires_grad_(False)
+
+    def forward(
+        self, token_embeds: torch.Tensor, key_valid: torch.Tensor | None, position_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Returns the last hidden states `(B, N, d)` and every layer's `(queries, keys)`, each `(B, N, d)`."""
+        if position_ids is None:
+            position_ids = torch.arange(token_embeds.shape[1], device=token_embeds.device)[None]
+        x = self.LayerNorm(self.input_proj(token_embeds) + self.position_embeddings(position_ids))
+        qk = []
+        for layer in self.layers:
+            x, q, k = layer(x, key_valid)
+            qk.append((q, k))
+        return x, qk
+
+    def pool(self, hidden: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:
+        """Additive attention pooling over real tokens: `(B, N, d) -> (B, d)`."""
+        scores = self.pool_score(torch.tanh(self.pool_proj(hidden))).squeeze(-1).float()  # (B, N)
+        if key_valid is not None:
+            scores = scores.masked_fill(~key_valid, torch.finfo(torch.float32).min)
+        return torch.einsum("bn,bnd->bd", scores.softmax(-1).to(hidden.dtype), hidden)
+
+    def loss(
+        self,
+        task: str,
+        labels: torch.Tensor,
+        hidden: torch.Tensor,
+        key_valid: torch.Tensor | None,
+        word_embeddings: torch.Tensor,
+        config: SmartBirdConfig,
+    ) -> torch.Tensor:
+        """The sketch's own task loss for the labels of the head that runs it."""
+        if task == "classification":
+            return ForSequenceClassificationLoss(labels, self.classifier(self.pool(hidden, key_valid)), config)
+        # LM tasks share the input projection as output embeddings (rank-d logits, no vocabulary-sized parameter).
+        sketch_vocab = self.input_proj(word_embeddings.detach())  # (V, d)
+        if task == "masked_lm":
+            target = labels != -100
+            logits = hidden[target].float() @ sketch_vocab.float().t()  # (T, V): only at labelled positions
+            return F.cross_entropy(logits, labels[target]) if logits.shape[0] else hidden.sum() * 0.0
+        # seq2seq: a bag-of-target-words loss of the pooled source sketch (which source tokens matter).
+        log_probs = (self.pool(hidden, key_valid).float() @ sketch_vocab.float().t()).log_softmax(-1)  # (B, V)
+        target = labels != -100
+        picked = log_probs.gather(1, labels.clamp(min=0))  # (B, T)
+        return -(picked * target).sum() / target.sum().clamp(min=1)
+
+
+class SmartBirdEncoder(Encoder):
+    """The zoo's encoder plus the sketch network, which it runs first and hands to every layer's attention.
+
+    Heads pass their labels through [`sketch_targets`]; the encoder then adds `sketch_loss_weight *` the sketch
+    loss to its output's `aux_loss` (unless the sketch is frozen). A bare encoder (no head) keeps the sketch frozen.
+    """
+
+    def __init__(self, config: SmartBirdConfig, attention_class: type[ZooAttention]):
+        super().__init__(config, attention_class)
+        self.sketch = SketchNetwork(config)
+        # The bare encoder has no labels to train the sketch with; a head claims it (`SketchTaskMixin`).
+        self.sketch.set_task(None)
+        self._targets: tuple[str, torch.Tensor] | None = None
+
+    @contextlib.contextmanager
+    def sketch_targets(self, task: str, labels: torch.Tensor | None) -> Iterator[None]:
+        """Within the block, forwards compute the sketch loss of `task` for `labels` (nothing if `None`)."""
+        if task not in SKETCH_TASKS:
+            raise ValueError(f"sketch task must be one of {SKETCH_TASKS}, got {task!r}.")
+        self._targets = None if labels is None else (task, labels)
+        try:
+            yield
+        finally:
+            self._targets = None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool = False,
+        output_hidden_states: bool = False,
+        return_dict: bool = True,
+    ) -> ZooModelOutput | tuple:
+        batch, length = check_inputs(
+            input_ids, inputs_embeds, self.config.max_position_embeddings, "max_position_embeddings"
+        )
+        check_token_ids(input_ids, self.config.vocab_size)
+        key_valid = key_valid_from_attention_mask(attention_mask, batch, length)
+        word_embeddings = self.embeddings.word_embeddings
+        tokens = inputs_embeds if inputs_embeds is not None else word_embeddings(input_ids)
+        hidden, qk = self.sketch(tokens.detach(), key_valid, position_ids)
+        for i, layer in enumerate(self.layers):
+            q_s, k_s = qk[min(i, len(qk) - 1)]
+            # Kept until the next forward (not cleared): gradient checkpointing re-runs the layer in backward.
+            layer.attention.sketch = (q_s.detach(), k_s.detach())
+        out = super().forward(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        if self._targets is not None and not self.config.sketch_freeze:
+            task, labels = self._targets
+            loss = self.sketch.loss(task, labels, hidden, key_valid, word_embeddings.weight, self.config)
+            loss = self.config.sketch_loss_weight * loss
+            out.aux_loss = loss if out.aux_loss is None else out.aux_loss + loss
+        return out if return_dict else out.to_tuple()
+
+
+class SketchTaskMixin:
+    """Head mixin: runs the model's forward with its labels registered as the sketch's targets."""
+
+    #: the sketch loss this head trains with (one of `SKETCH_TASKS`)
+    sketch_task: ClassVar[str] = "classification"
+
+    def __init__(self, config: SmartBirdConfig):
+        super().__init__(config)
+        self.model.encoder.sketch.set_task(self.sketch_task, frozen=config.sketch_freeze)
+
+    def forward(self, *args, **kwargs):
+        parent = super().forward
+        labels = inspect.signature(parent).bind_partial(*args, **kwargs).arguments.get("labels")
+        if labels is not None and hasattr(self, "_check_labels"):
+            # The sketch loss runs inside the encoder, before the head would validate the labels.
+            self._check_labels(labels)
+        with self.model.encoder.sketch_targets(self.sketch_task, labels):
+            return parent(*args, **kwargs)
+
+
+@torch.no_grad()
+def init_sketch_from_main_embeddings(encoder: SmartBirdEncoder) -> None:
+    """Set the sketch's token embeddings to the PCA of the main token embeddings (as the paper did with GloVe).
+
+    After the call, `sketch.input_proj(e)` gives the coordinates of `e` on the `sketch_hidden_size` leading
+    principal axes of the (centred) main embedding matrix. Call it after loading/initialising main embeddings.
+    """
+    weight = encoder.embeddings.word_embeddings.weight.float()  # (V, D)
+    mean = weight.mean(0)
+    d = encoder.sketch.input_proj.out_features
+    _, _, v = torch.linalg.svd(weight - mean, full_matrices=False)  # rows of v: principal axes
+    axes = v[:d]  # (d, D)
+    proj = encoder.sketch.input_proj
+    proj.weight.copy_(axes.to(proj.weight.dtype))
+    proj.bias.copy_((-(axes @ mean)).to(proj.bias.dtype))
