@@ -77,6 +77,17 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(config, attention_class, i) for i in range(config.num_hidden_layers))
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
 
+    def prepare_layers(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        key_valid: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Hook run once per forward, before the layers, for methods whose attention needs encoder-level inputs
+        (Smart Bird's sketch network). Returns an auxiliary loss to add to the layers' ones, or `None`."""
+        return None
+
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -93,10 +104,11 @@ class Encoder(nn.Module):
         )
         check_token_ids(input_ids, self.config.vocab_size)
         key_valid = key_valid_from_attention_mask(attention_mask, batch, length)
+        extra_aux_loss = self.prepare_layers(input_ids, inputs_embeds, position_ids, key_valid)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         all_hidden = [hidden_states] if output_hidden_states else None
         all_attn = [] if output_attentions else None
-        aux_losses, densities = [], []
+        aux_losses, densities = ([extra_aux_loss] if extra_aux_loss is not None else []), []
         for layer in self.layers:
             hidden_states, weights, aux_loss, density = layer(hidden_states, key_valid, output_attentions)
             if output_attentions:

@@ -20,9 +20,7 @@ from transformers.activations import ACT2FN
 from transformers.loss.loss_utils import ForSequenceClassificationLoss
 
 from ..core.attention import ZooAttention
-from ..core.masking import key_valid_from_attention_mask
-from ..core.outputs import ZooModelOutput
-from ..core.stacks import Encoder, check_inputs, check_token_ids
+from ..core.stacks import Encoder
 from .configuration_smart_bird import SmartBirdConfig
 
 #: sketch tasks, one per head: the labels each head receives define the sketch's loss
@@ -171,22 +169,14 @@ class SmartBirdEncoder(Encoder):
         finally:
             self._targets = None
 
-    def forward(
+    def prepare_layers(
         self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool = False,
-        output_hidden_states: bool = False,
-        return_dict: bool = True,
-    ) -> ZooModelOutput | tuple:
-        batch, length = check_inputs(
-            input_ids, inputs_embeds, self.config.max_position_embeddings, "max_position_embeddings"
-        )
-        check_token_ids(input_ids, self.config.vocab_size)
-        key_valid = key_valid_from_attention_mask(attention_mask, batch, length)
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        key_valid: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Run the sketch, hand each layer's attention its sketch queries/keys, and return the sketch loss."""
         word_embeddings = self.embeddings.word_embeddings
         tokens = inputs_embeds if inputs_embeds is not None else word_embeddings(input_ids)
         hidden, qk = self.sketch(tokens.detach(), key_valid, position_ids)
@@ -194,22 +184,11 @@ class SmartBirdEncoder(Encoder):
             q_s, k_s = qk[min(i, len(qk) - 1)]
             # Kept until the next forward (not cleared): gradient checkpointing re-runs the layer in backward.
             layer.attention.sketch = (q_s.detach(), k_s.detach())
-        out = super().forward(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        if self._targets is not None and not self.config.sketch_freeze:
-            task, labels = self._targets
-            loss = self.sketch.loss(task, labels, hidden, key_valid, word_embeddings.weight, self.config)
-            loss = self.config.sketch_loss_weight * loss
-            out.aux_loss = loss if out.aux_loss is None else out.aux_loss + loss
-        return out if return_dict else out.to_tuple()
+        if self._targets is None or self.config.sketch_freeze:
+            return None
+        task, labels = self._targets
+        loss = self.sketch.loss(task, labels, hidden, key_valid, word_embeddings.weight, self.config)
+        return self.config.sketch_loss_weight * loss
 
 
 class SketchTaskMixin:

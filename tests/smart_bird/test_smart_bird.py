@@ -291,11 +291,16 @@ def test_main_loss_never_reaches_the_sketch_and_sketch_loss_reaches_only_the_ske
 
 def test_sketch_loss_is_weighted_and_frozen_sketch_has_none():
     ids, labels = torch.randint(5, 200, (2, 30)), torch.tensor([0, 1])
+    # Auxiliary losses are training terms (eval outputs carry none); without dropout the sketch loss is deterministic.
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     torch.manual_seed(0)
-    a = SmartBirdForSequenceClassification(tiny_config()).eval()(input_ids=ids, labels=labels).aux_loss
+    a = SmartBirdForSequenceClassification(tiny_config(**no_dropout)).train()(input_ids=ids, labels=labels).aux_loss
     torch.manual_seed(0)
-    b = SmartBirdForSequenceClassification(tiny_config(sketch_loss_weight=0.5)).eval()(input_ids=ids, labels=labels)
+    b = SmartBirdForSequenceClassification(tiny_config(sketch_loss_weight=0.5, **no_dropout)).train()(
+        input_ids=ids, labels=labels
+    )
     torch.testing.assert_close(b.aux_loss, 0.5 * a)
+    assert SmartBirdForSequenceClassification(tiny_config()).eval()(input_ids=ids, labels=labels).aux_loss is None
     frozen = SmartBirdForSequenceClassification(tiny_config(sketch_freeze=True))
     assert frozen(input_ids=ids, labels=labels).aux_loss is None
     assert not any(p.requires_grad for n, p in frozen.named_parameters() if ".sketch." in n)
