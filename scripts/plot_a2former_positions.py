@@ -22,59 +22,36 @@ python scripts/plot_a2former_positions.py --model_name_or_path out/sst2-a2former
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoTokenizer, HfArgumentParser
+from transformers import HfArgumentParser
 
 from attnzoo.a2former import A2FormerAttention
+from attnzoo.inspection import InspectionArguments, build_model, load_tokenizer, make_inputs
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class PositionArguments:
+class PositionArguments(InspectionArguments):
     """What to plot. Give exactly one of `config_path` (random weights) and `model_name_or_path` (a checkpoint)."""
 
-    config_path: str | None = field(
-        default=None, metadata={"help": "A²-Former config.json, e.g. configs/models/a2former/tiny.json"}
-    )
-    model_name_or_path: str | None = field(default=None, metadata={"help": "checkpoint folder (weights and config)"})
-    config_overrides: str | None = field(
-        default=None, metadata={"help": "JSON object of config fields to override, e.g. '{\"num_sample_points\": 4}'"}
-    )
     output_file: str = field(default="a2former_positions.png", metadata={"help": "image to write (png, pdf, svg)"})
-    length: int = field(default=128, metadata={"help": "number of random tokens when no --text is given"})
-    text: str | None = field(default=None, metadata={"help": "text to encode instead of random tokens"})
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "tokenizer for --text (defaults to --model_name_or_path)"}
-    )
     layers: list[int] = field(default_factory=lambda: [0], metadata={"help": "encoder layers to plot"})
     heads: list[int] | None = field(default=None, metadata={"help": "heads to plot (default: all)"})
     perturb: float = field(
         default=0.0, metadata={"help": "std of random offset weights added to show input-dependent positions"}
     )
-    seed: int = field(default=0, metadata={"help": "seed of the random weights and tokens"})
     save_positions: bool = field(default=False, metadata={"help": "also save the positions as <output_file>.pt"})
 
 
-def build_model(args: PositionArguments) -> torch.nn.Module:
-    """The A²-Former encoder from a checkpoint or from a config with random weights."""
-    if (args.config_path is None) == (args.model_name_or_path is None):
-        raise ValueError("Give exactly one of --config_path and --model_name_or_path.")
-    torch.manual_seed(args.seed)
-    if args.model_name_or_path is not None:
-        model = AutoModel.from_pretrained(args.model_name_or_path)
-    else:
-        config = AutoConfig.from_pretrained(args.config_path)
-        if args.config_overrides:
-            config.update(json.loads(args.config_overrides))
-            config.check_zoo_fields()
-        model = AutoModel.from_config(config)
+def build_a2former(args: PositionArguments) -> torch.nn.Module:
+    """The A²-Former encoder in eval mode, its offset weights perturbed by `--perturb`."""
+    model = build_model(args)
     if not any(isinstance(m, A2FormerAttention) for m in model.modules()):
         raise ValueError(f"{type(model).__name__} has no A²-Former attention layer.")
     if args.perturb > 0:
@@ -82,17 +59,14 @@ def build_model(args: PositionArguments) -> torch.nn.Module:
             for module in model.modules():
                 if isinstance(module, A2FormerAttention):
                     module.offset_weight.normal_(0.0, args.perturb)
-    return model.eval()
+    return model
 
 
 def encode(args: PositionArguments, model: torch.nn.Module) -> tuple[torch.Tensor, list[str] | None]:
     """Input ids `(1, N)` and, for text, the tokens (tick labels)."""
-    if args.text is None:
-        generator = torch.Generator().manual_seed(args.seed)
-        return torch.randint(5, model.config.vocab_size, (1, args.length), generator=generator), None
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or args.model_name_or_path)
-    ids = tokenizer(args.text, return_tensors="pt")["input_ids"]
-    return ids, tokenizer.convert_ids_to_tokens(ids[0])
+    tokenizer = load_tokenizer(args) if args.text is not None else None
+    ids = make_inputs(args, model.config, tokenizer)["input_ids"]
+    return ids, tokenizer.convert_ids_to_tokens(ids[0]) if tokenizer is not None else None
 
 
 @torch.no_grad()
@@ -165,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[int, torch.Tensor]:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = HfArgumentParser(PositionArguments)
     (args,) = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
-    model = build_model(args)
+    model = build_a2former(args)
     input_ids, tokens = encode(args, model)
     positions = record_positions(model, input_ids)
     plot(positions, args, tokens)

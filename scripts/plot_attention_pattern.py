@@ -26,87 +26,44 @@ python scripts/plot_attention_pattern.py --model_name_or_path out/sst2 --text "a
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
-import pkgutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoTokenizer, HfArgumentParser
+from transformers import HfArgumentParser
 
-import attnzoo
+from attnzoo.inspection import InspectionArguments, build_model, make_inputs
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class PatternArguments:
+class PatternArguments(InspectionArguments):
     """What to draw. Give exactly one of `config_path` (random weights) and `model_name_or_path` (a checkpoint)."""
 
-    config_path: str | None = field(
-        default=None, metadata={"help": "config.json of any attnzoo family, e.g. configs/models/<method>/tiny.json"}
-    )
-    model_name_or_path: str | None = field(default=None, metadata={"help": "checkpoint folder (weights and config)"})
-    config_overrides: str | None = field(
-        default=None, metadata={"help": "JSON object of config fields to override, e.g. '{\"sparse_stride\": 16}'"}
-    )
     output_file: str = field(default="attention_pattern.png", metadata={"help": "image to write (png, pdf, svg)"})
-    length: int = field(default=128, metadata={"help": "number of random tokens when no --text is given"})
-    text: str | None = field(default=None, metadata={"help": "text to encode instead of random tokens"})
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "tokenizer for --text (defaults to --model_name_or_path)"}
-    )
+    seed: int = field(default=0, metadata={"help": "seed of the random weights, tokens and training-mode sampling"})
     num_padding: int = field(default=0, metadata={"help": "padding tokens appended (masked) to show padding"})
     layers: list[int] = field(default_factory=lambda: [0], metadata={"help": "encoder layers to draw"})
     heads: list[int] | None = field(default=None, metadata={"help": "heads to draw (default: all)"})
     train_mode: bool = field(
         default=False, metadata={"help": "run in training mode (sampling methods draw from the RNG; dropout is off)"}
     )
-    seed: int = field(default=0, metadata={"help": "seed of the random weights, tokens and training-mode sampling"})
     save_masks: bool = field(default=False, metadata={"help": "also save the boolean patterns as <output_file>.pt"})
 
 
-def import_families() -> None:
-    """Import every method package of attnzoo so families not yet wired into `attnzoo/__init__` register too."""
-    for module in pkgutil.iter_modules(attnzoo.__path__):
-        if module.ispkg and module.name not in ("core", "kernels"):
-            try:
-                importlib.import_module(f"attnzoo.{module.name}")
-            except ImportError as err:  # a package under development must not stop the others
-                logger.warning("skipping attnzoo.%s: %s", module.name, err)
-
-
-def build_model(args: PatternArguments) -> torch.nn.Module:
-    if (args.config_path is None) == (args.model_name_or_path is None):
-        raise ValueError("Give exactly one of --config_path and --model_name_or_path.")
-    overrides = json.loads(args.config_overrides) if args.config_overrides else {}
-    overrides["attention_probs_dropout_prob"] = 0.0
-    torch.manual_seed(args.seed)
-    if args.config_path is not None:
-        config = AutoConfig.from_pretrained(args.config_path, **overrides)
-        model = AutoModel.from_config(config)
-    else:
-        model = AutoModel.from_pretrained(args.model_name_or_path, **overrides)
-    return model.train(args.train_mode)
-
-
-def make_inputs(args: PatternArguments, config) -> dict[str, torch.Tensor]:
-    if args.text is not None:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or args.model_name_or_path)
-        input_ids = tokenizer(args.text, return_tensors="pt")["input_ids"]
-    else:
-        generator = torch.Generator().manual_seed(args.seed)
-        # Ids from 5 upwards avoid the special tokens of the zoo's WordPiece vocabularies.
-        input_ids = torch.randint(5, config.vocab_size, (1, args.length), generator=generator)
-    attention_mask = torch.ones_like(input_ids)
-    if args.num_padding:
-        pad = torch.full((1, args.num_padding), config.pad_token_id, dtype=input_ids.dtype)
-        input_ids = torch.cat([input_ids, pad], dim=1)
-        attention_mask = torch.cat([attention_mask, torch.zeros_like(pad)], dim=1)
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
+def pad_inputs(inputs: dict[str, torch.Tensor], num_padding: int, pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Append `num_padding` masked padding tokens."""
+    if not num_padding:
+        return inputs
+    input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
+    pad = torch.full((1, num_padding), pad_token_id, dtype=input_ids.dtype)
+    return {
+        "input_ids": torch.cat([input_ids, pad], dim=1),
+        "attention_mask": torch.cat([attention_mask, torch.zeros_like(pad)], dim=1),
+    }
 
 
 def attention_patterns(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -146,9 +103,8 @@ def main(argv: list[str] | None = None) -> Path:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     parser = HfArgumentParser(PatternArguments)
     (args,) = parser.parse_args_into_dataclasses(sys.argv[1:] if argv is None else argv)
-    import_families()
-    model = build_model(args)
-    inputs = make_inputs(args, model.config)
+    model = build_model(args, attention_probs_dropout_prob=0.0).train(args.train_mode)
+    inputs = pad_inputs(make_inputs(args, model.config), args.num_padding, model.config.pad_token_id)
     patterns = attention_patterns(model, inputs)
     heads = args.heads if args.heads is not None else list(range(model.config.num_attention_heads))
     for layer in args.layers:

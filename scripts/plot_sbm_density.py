@@ -27,61 +27,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModel, AutoTokenizer, HfArgumentParser
+from transformers import HfArgumentParser
 
+from attnzoo.inspection import InspectionArguments, build_model, make_inputs
 from attnzoo.sbm import SBMAttention
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class DensityArguments:
+class DensityArguments(InspectionArguments):
     """What to plot. Give exactly one of `config_path` (random weights) and `model_name_or_path` (a checkpoint)."""
 
-    config_path: str | None = field(
-        default=None, metadata={"help": "SBM config.json, e.g. configs/models/sbm/tiny.json"}
-    )
-    model_name_or_path: str | None = field(default=None, metadata={"help": "checkpoint folder (weights and config)"})
-    config_overrides: str | None = field(
-        default=None, metadata={"help": "JSON object of config fields to override, e.g. '{\"num_clusters\": 64}'"}
-    )
     output_file: str = field(default="sbm_density.png", metadata={"help": "image to write (png, pdf, svg)"})
     length: int = field(default=256, metadata={"help": "number of random tokens when no --text is given"})
-    text: str | None = field(default=None, metadata={"help": "text to encode instead of random tokens"})
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "tokenizer for --text (defaults to --model_name_or_path)"}
-    )
     trainer_state: str | None = field(
         default=None, metadata={"help": "trainer_state.json with `sbm_density/*` logs to plot against the step"}
     )
-    seed: int = field(default=0, metadata={"help": "seed of the random weights and tokens"})
 
 
-def build_model(args: DensityArguments) -> torch.nn.Module:
-    """The SBM encoder from a checkpoint or from a config with random weights, in eval mode (seeded sampling)."""
-    if (args.config_path is None) == (args.model_name_or_path is None):
-        raise ValueError("Give exactly one of --config_path and --model_name_or_path.")
-    torch.manual_seed(args.seed)
-    if args.model_name_or_path is not None:
-        model = AutoModel.from_pretrained(args.model_name_or_path)
-    else:
-        config = AutoConfig.from_pretrained(args.config_path)
-        if args.config_overrides:
-            config.update(json.loads(args.config_overrides))
-            config.check_zoo_fields()
-        model = AutoModel.from_config(config)
+def build_sbm(args: DensityArguments) -> torch.nn.Module:
+    """The SBM encoder in eval mode (seeded sampling)."""
+    model = build_model(args)
     if not any(isinstance(m, SBMAttention) for m in model.modules()):
         raise ValueError(f"{type(model).__name__} has no SBM attention layer.")
-    return model.eval()
+    return model
 
 
 def encode(args: DensityArguments, model: torch.nn.Module) -> torch.Tensor:
     """Input ids `(1, N)`: the tokenized `--text` or random tokens."""
-    if args.text is None:
-        generator = torch.Generator().manual_seed(args.seed)
-        return torch.randint(5, model.config.vocab_size, (1, args.length), generator=generator)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name_or_path or args.model_name_or_path)
-    return tokenizer(args.text, return_tensors="pt")["input_ids"]
+    return make_inputs(args, model.config)["input_ids"]
 
 
 @torch.no_grad()
@@ -153,7 +128,7 @@ def main(argv: list[str] | None = None) -> torch.Tensor:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = HfArgumentParser(DensityArguments)
     (args,) = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
-    model = build_model(args)
+    model = build_sbm(args)
     density = measure_density(model, encode(args, model))
     logged = read_logged_density(args.trainer_state) if args.trainer_state else None
     plot(density, args, logged)
