@@ -244,7 +244,7 @@ def _prepare_reader(path: Path, text_column: str | int | None) -> Any:
         return lambda: _read_jsonl(path, field)
     if suffix in (".csv", ".tsv"):
         delimiter = "\t" if suffix == ".tsv" else ","
-        quoted = suffix == ".csv" or _tsv_is_csv_quoted(path)
+        quoted = suffix == ".csv" or tsv_is_csv_quoted(path)
         index, has_header = _resolve_table_column(path, text_column, delimiter, quoted)
         return lambda: _read_table(path, index, has_header, delimiter, quoted)
     raise ValueError(
@@ -278,7 +278,8 @@ def _read_story(path: Path) -> Iterator[str]:
     yield from highlights
 
 
-def _iter_json_records(path: Path) -> Iterator[tuple[int, Any]]:
+def iter_json_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """`(line number, record)` of a JSON Lines file, or of a whole-file JSON array (`.json`)."""
     with path.open(encoding="utf-8") as handle:
         head = handle.read(4096).lstrip()
     if path.suffix.lower() == ".json" and head.startswith("["):
@@ -300,7 +301,7 @@ def _iter_json_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _resolve_json_field(path: Path, text_column: str | None) -> str:
-    first = next(_iter_json_records(path), None)
+    first = next(iter_json_records(path), None)
     if first is None:
         raise ValueError(f"'{path}' contains no JSON records.")
     _, record = first
@@ -324,7 +325,7 @@ def _resolve_json_field(path: Path, text_column: str | None) -> str:
 
 
 def _read_jsonl(path: Path, field: str) -> Iterator[str]:
-    for line_number, record in _iter_json_records(path):
+    for line_number, record in iter_json_records(path):
         if not isinstance(record, dict) or field not in record:
             raise ValueError(f"Record {line_number} of '{path}' has no column '{field}'.")
         text = _as_text(record[field])
@@ -347,7 +348,8 @@ def _is_csv_quoted_field(field: str) -> bool:
     return len(field) >= 2 and field[0] == field[-1] == '"' and '"' not in field[1:-1].replace('""', "")
 
 
-def _tsv_is_csv_quoted(path: Path) -> bool:
+def tsv_is_csv_quoted(path: Path) -> bool:
+    """Whether a TSV file wraps fields in double quotes CSV-style (AG News, IMDB) rather than raw (GLUE)."""
     found_quoted = False
     with path.open(encoding="utf-8", newline="") as handle:
         for line in handle:

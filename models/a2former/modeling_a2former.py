@@ -61,11 +61,21 @@ class A2FormerForSequenceClassification(A2FormerPreTrainedModel, ZooForSequenceC
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
     ):
-        """Arguments as [`~attnzoo.core.ZooForSequenceClassification.forward`]."""
+        """Arguments as [`~attnzoo.core.ZooForSequenceClassification.forward`] (named, so that Trainer keeps the
+        `labels` column)."""
+        head_args = {
+            "labels": labels,
+            "output_attentions": output_attentions,
+            "output_hidden_states": output_hidden_states,
+            "return_dict": return_dict,
+        }
         if self.length_projection is None:
-            return super().forward(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+            return super().forward(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **head_args)
         if inputs_embeds is None:
             inputs_embeds = self.get_input_embeddings()(input_ids)
         if attention_mask is not None:
@@ -79,7 +89,7 @@ class A2FormerForSequenceClassification(A2FormerPreTrainedModel, ZooForSequenceC
         # (B, N, D) -> (B, max_positions, D) -> (B, L', D): a learned mix of positions per output slot.
         padded = F.pad(inputs_embeds, (0, 0, 0, pad))
         projected = self.length_projection(padded.transpose(1, 2)).transpose(1, 2)
-        return super().forward(inputs_embeds=projected, **kwargs)
+        return super().forward(inputs_embeds=projected, **head_args)
 
 
 class A2FormerForConditionalGeneration(A2FormerPreTrainedModel, ZooForConditionalGeneration):

@@ -1,0 +1,73 @@
+"""Training and evaluation helpers behind `scripts/run_mlm.py`, `run_glue.py`, `run_summarization.py` and `demo.py`.
+
+The scripts stay thin: argument dataclasses and YAML/JSON recipes ([`arguments`]), data readers for the GLUE TSV
+layouts, CNN/DailyMail `.story` files and PubMed JSON lines ([`data`]), offline metrics with the official definitions
+([`metrics`]), model construction and warm starts ([`modeling`]), and the callbacks, metrics file and training-curve
+plot of a run ([`callbacks`]).
+"""
+
+from __future__ import annotations
+
+from .arguments import (
+    ClassificationDataArguments,
+    MLMDataArguments,
+    ModelArguments,
+    SummarizationDataArguments,
+    parse_arguments,
+)
+from .callbacks import (
+    EpochSetterCallback,
+    StopAtStepCallback,
+    TimeLimitCallback,
+    finish_run,
+    plot_training_curves,
+    setup_logging,
+)
+from .data import (
+    GLUE_TASKS,
+    DataReport,
+    GlueTask,
+    MLMCollator,
+    load_classification_splits,
+    load_mlm_texts,
+    load_summarization_splits,
+    mask_dataset,
+    read_cohan_jsonl,
+    read_story,
+    split_sentences,
+    tokenize_pairs,
+)
+from .metrics import classification_metrics, glue_metrics, rouge_scores
+from .modeling import build_model, load_tokenizer, resolve_checkpoint
+
+__all__ = [
+    "GLUE_TASKS",
+    "ClassificationDataArguments",
+    "DataReport",
+    "EpochSetterCallback",
+    "GlueTask",
+    "MLMCollator",
+    "MLMDataArguments",
+    "ModelArguments",
+    "StopAtStepCallback",
+    "SummarizationDataArguments",
+    "TimeLimitCallback",
+    "build_model",
+    "classification_metrics",
+    "finish_run",
+    "glue_metrics",
+    "load_classification_splits",
+    "load_mlm_texts",
+    "load_summarization_splits",
+    "load_tokenizer",
+    "mask_dataset",
+    "parse_arguments",
+    "plot_training_curves",
+    "read_cohan_jsonl",
+    "read_story",
+    "resolve_checkpoint",
+    "rouge_scores",
+    "setup_logging",
+    "split_sentences",
+    "tokenize_pairs",
+]

@@ -1,0 +1,183 @@
+"""Callbacks and end-of-run outputs of the training scripts: the metrics JSON file and the training-curve plot."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import transformers
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.json"
+LOG_HISTORY_FILE = "log_history.json"
+PLOT_FILE = "training_curves.png"
+
+
+class EpochSetterCallback(TrainerCallback):
+    """Tell an epoch-aware collator (e.g. [`~attnzoo.training.MLMCollator`]) which epoch is starting."""
+
+    def __init__(self, collator: Any):
+        self.collator = collator
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        # `state.epoch` is fractional progress: a resumed run starts mid-epoch; a new epoch starts at a (rounded)
+        # integer.
+        self.collator.epoch = math.floor((state.epoch or 0.0) + 1e-6)
+
+
+class StopAtStepCallback(TrainerCallback):
+    """
+    Stop training after global step `step` (after that step's checkpoint is written): splits a long run into
+    sessions, e.g. on preemptible machines, and simulates an interruption in tests. Resume with
+    `--resume_from_checkpoint last`.
+    """
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class TimeLimitCallback(TrainerCallback):
+    """
+    Stop training once `seconds` of wall time have passed since training began (the model is then saved as usual):
+    a fixed time budget instead of a fixed step count, e.g. for a demo or a time-limited job.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._start: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._start is not None and time.perf_counter() - self._start >= self.seconds:
+            control.should_training_stop = True
+        return control
+
+
+def finish_run(trainer: Any, metrics: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """
+    Write the run's outputs (main process only): `metrics.json` (final metrics, data report, model info and
+    environment), `log_history.json` (every logged value) and `training_curves.png`.
+
+    Returns:
+        The dictionary written to `metrics.json`.
+    """
+    payload = {
+        "metrics": metrics,
+        **(extra or {}),
+        "global_step": trainer.state.global_step,
+        "num_processes": trainer.args.world_size,
+        "environment": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "transformers": transformers.__version__,
+        },
+    }
+    if trainer.is_world_process_zero():
+        out = Path(trainer.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / METRICS_FILE).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        (out / LOG_HISTORY_FILE).write_text(json.dumps(trainer.state.log_history, indent=2) + "\n")
+        plot_training_curves(trainer.state.log_history, out / PLOT_FILE)
+        logger.info("Metrics written to %s", out / METRICS_FILE)
+    return payload
+
+
+def plot_training_curves(log_history: list[dict[str, Any]], path: str | Path) -> Path | None:
+    """
+    Plot training loss, evaluation loss and evaluation metrics against the step into a PNG.
+
+    Args:
+        log_history: `trainer.state.log_history` (or the content of `log_history.json` / `trainer_state.json`).
+        path: PNG file to write.
+
+    Returns:
+        The path written, or `None` when nothing was logged or matplotlib is not installed (then a message is logged).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed (pip install 'attnzoo[plots]'): no training-curve plot.")
+        return None
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for entry in log_history:
+        step = entry.get("step")
+        if step is None:
+            continue
+        for key, value in entry.items():
+            if key in ("step", "epoch") or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if _panel(key) is None:
+                continue
+            series.setdefault(key, ([], []))
+            series[key][0].append(step)
+            series[key][1].append(value)
+    if not series:
+        logger.info("Nothing logged to plot.")
+        return None
+    panels: dict[str, list[str]] = {}
+    for key in series:
+        panels.setdefault(_panel(key), []).append(key)
+    order = [name for name in ("loss", "metrics", "learning rate") if name in panels]
+    fig, axes = plt.subplots(1, len(order), figsize=(5 * len(order), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], order, strict=True):
+        for key in panels[name]:
+            steps, values = series[key]
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
+        ax.set_xlabel("step")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _panel(key: str) -> str | None:
+    """Which panel a logged key goes to (keys may carry a `run:` prefix when several runs are compared)."""
+    evaluation = key.startswith("eval_")
+    base = (key[5:] if evaluation else key).rsplit(":", 1)[-1]
+    if base.endswith(("runtime", "per_second", "flos")) or key.startswith("train_"):
+        return None
+    if base == "loss":
+        return "loss"
+    if base == "learning_rate" and not evaluation:
+        return "learning rate"
+    return "metrics" if evaluation else None
+
+
+def setup_logging(training_args: Any) -> None:
+    """Log to stderr (INFO on the main process, WARNING on the others), transformers and datasets included."""
+    import datasets
+
+    level = training_args.get_process_log_level()
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler()],
+    )
+    logging.getLogger("attnzoo").setLevel(level)
+    logging.getLogger("__main__").setLevel(level)
+    transformers.utils.logging.set_verbosity(level)
+    datasets.utils.logging.set_verbosity(max(level, logging.WARNING))

@@ -1,0 +1,162 @@
+"""Model and tokenizer construction of the training scripts: fresh, from a checkpoint, or warm-started across
+families, plus checkpoint discovery for resuming."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
+from transformers.trainer_utils import get_last_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+def load_tokenizer(name_or_path: str, cache_dir: str | None = None) -> Any:
+    """Load a tokenizer folder (from `scripts/train_tokenizer.py`) or a Hub tokenizer."""
+    if Path(name_or_path).exists() and not (Path(name_or_path) / "tokenizer_config.json").is_file():
+        raise ValueError(f"'{name_or_path}' holds no tokenizer (no tokenizer_config.json); train one first.")
+    return AutoTokenizer.from_pretrained(name_or_path, cache_dir=cache_dir)
+
+
+def parse_config_overrides(overrides: dict | str | None) -> dict[str, Any]:
+    """`{"a": 1}` or `"a=1,b=0.1,c=true"` -> a dict with JSON-typed values (numbers, booleans, null, strings)."""
+    if overrides is None or overrides == "":
+        return {}
+    if isinstance(overrides, dict):
+        return dict(overrides)
+    result = {}
+    for item in overrides.split(","):
+        if "=" not in item:
+            raise ValueError(f"`config_overrides` items must look like field=value, got {item!r}.")
+        key, value = (part.strip() for part in item.split("=", 1))
+        try:
+            result[key] = json.loads(value)
+        except json.JSONDecodeError:
+            result[key] = value
+    return result
+
+
+def _check_override_fields(config_class: type, overrides: dict[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(config_class)} | {"num_labels", "id2label", "label2id", "problem_type"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(
+            f"Unknown config field(s) {', '.join(unknown)} for {config_class.__name__}; check `config_overrides`."
+        )
+
+
+def _tokenizer_ids(tokenizer: Any) -> dict[str, Any]:
+    """Special-token ids of the tokenizer, for a fresh model (a Hub tokenizer may not use the zoo's 0/2/3)."""
+    bos = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    eos = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    fields = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
+    if bos is not None:
+        fields.update(bos_token_id=bos, decoder_start_token_id=bos)
+    if eos is not None:
+        fields["eos_token_id"] = eos
+    return fields
+
+
+def build_model(
+    auto_class: Any, model_args: Any, tokenizer: Any, **task_fields: Any
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """
+    Build the model named by `ModelArguments`.
+
+    - `config_path` only: a fresh model of that architecture, with the tokenizer's vocabulary and special ids.
+    - `model_name_or_path` only: the checkpoint, with `config_overrides` and `task_fields` applied.
+    - both: a warm start. The architecture (and family) of `config_path` is loaded from the checkpoint name for name
+      (the shared layout of the zoo), the parameters the checkpoint lacks (a sparse method's own, a new head) are
+      initialised fresh; missing, unexpected and mismatched keys are logged and returned.
+
+    Args:
+        auto_class: e.g. `AutoModelForMaskedLM`.
+        model_args: a `ModelArguments`.
+        tokenizer: the run's tokenizer (its size must fit the model's vocabulary).
+        task_fields: config fields of the task (`num_labels`, `id2label`, `problem_type`, ...).
+
+    Returns:
+        `(model, info)` with `info` holding `"init"` (`"scratch"`, `"checkpoint"` or `"warm_start"`) and, for loads,
+        the loading report.
+    """
+    overrides = parse_config_overrides(model_args.config_overrides)
+    info: dict[str, Any] = {}
+    if model_args.config_path is not None:
+        config = AutoConfig.from_pretrained(model_args.config_path)
+        _check_override_fields(type(config), overrides)
+        fields = {**_tokenizer_ids(tokenizer), **overrides, **task_fields}
+        if model_args.model_name_or_path is not None:
+            source = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+            # The embeddings come from the checkpoint: keep its vocabulary and special ids.
+            for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+                fields[name] = getattr(source, name)
+        config = AutoConfig.from_pretrained(model_args.config_path, **fields)
+        if model_args.model_name_or_path is None:
+            model = auto_class.from_config(config)
+            info["init"] = "scratch"
+        else:
+            model, loading = auto_class.from_pretrained(
+                model_args.model_name_or_path, config=config, cache_dir=model_args.cache_dir, output_loading_info=True
+            )
+            info.update(init="warm_start", source=model_args.model_name_or_path, **_loading_report(loading))
+    else:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+        _check_override_fields(type(config), overrides)
+        model, loading = auto_class.from_pretrained(
+            model_args.model_name_or_path,
+            cache_dir=model_args.cache_dir,
+            output_loading_info=True,
+            **overrides,
+            **task_fields,
+        )
+        info.update(init="checkpoint", source=model_args.model_name_or_path, **_loading_report(loading))
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {model.config.vocab_size}; "
+            "use the tokenizer the checkpoint was trained with."
+        )
+    n_params = sum(p.numel() for p in model.parameters())
+    info["parameters"] = n_params
+    logger.info("Model %s (%s, %.2fM parameters)", type(model).__name__, info["init"], n_params / 1e6)
+    return model, info
+
+
+def _loading_report(loading: dict[str, Any]) -> dict[str, list[str]]:
+    report = {key: sorted(str(k) for k in loading.get(key, ())) for key in ("missing_keys", "unexpected_keys")}
+    report["mismatched_keys"] = sorted(str(k) for k in loading.get("mismatched_keys", ()))
+    for key, names in report.items():
+        if names:
+            logger.info("%s (%d): %s", key, len(names), ", ".join(names))
+    return report
+
+
+def resolve_checkpoint(training_args: Any) -> str | None:
+    """
+    The checkpoint to resume from, checking the output folder.
+
+    `resume_from_checkpoint` may be a checkpoint folder, or `"last"`/`"true"` for the newest `checkpoint-*` in
+    `output_dir`. An output folder that already holds checkpoints without a resume request is an error, so a run
+    never silently trains over another one.
+    """
+    output_dir = training_args.output_dir
+    requested = training_args.resume_from_checkpoint
+    last = get_last_checkpoint(output_dir) if output_dir and os.path.isdir(output_dir) else None
+    if requested is None or str(requested).lower() in ("false", "none", ""):
+        if last is not None:
+            raise ValueError(
+                f"'{output_dir}' already holds checkpoints ({Path(last).name}); pass `--resume_from_checkpoint last` "
+                "to continue that run, or choose another `output_dir`."
+            )
+        return None
+    if str(requested).lower() in ("last", "true"):
+        if last is None:
+            raise ValueError(f"`resume_from_checkpoint` asks for the last checkpoint, but '{output_dir}' has none.")
+        return last
+    if not os.path.isdir(requested):
+        raise ValueError(f"Checkpoint folder not found: '{requested}'.")
+    return requested

@@ -1,0 +1,155 @@
+#!/usr/bin/env python
+"""Fine-tune and evaluate an attnzoo model on a GLUE task or any text classification data set, with `Trainer`.
+
+Examples:
+
+```bash
+# SST-2 from the original GLUE TSV files, from scratch with a local tokenizer
+python scripts/run_glue.py --task_name sst2 --config_path configs/models/dense/tiny.json \
+    --tokenizer_name_or_path out/tokenizer \
+    --train_file tests/fixtures/data/glue/SST-2/train.tsv --validation_file tests/fixtures/data/glue/SST-2/dev.tsv \
+    --max_steps 300 --output_dir out/sst2
+
+# MNLI from the Hub (network), fine-tuning an MLM checkpoint
+python scripts/run_glue.py --task_name mnli --model_name_or_path out/mlm --output_dir out/mnli
+
+# AG News (no header: text in column 0, label in column 1) as a long-document classification task
+python scripts/run_glue.py configs/train/smart_bird_classification.yaml
+```
+Metrics (official GLUE definitions: accuracy, F1, Matthews correlation, Pearson/Spearman) go to
+`output_dir/metrics.json`, the training curves to `output_dir/training_curves.png`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from datasets import Dataset
+from transformers import (
+    AutoModelForSequenceClassification,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+    set_seed,
+)
+
+import attnzoo  # noqa: F401  (registers every family with the Auto classes)
+from attnzoo.training import (
+    ClassificationDataArguments,
+    ModelArguments,
+    build_model,
+    classification_metrics,
+    finish_run,
+    glue_metrics,
+    load_classification_splits,
+    load_tokenizer,
+    parse_arguments,
+    resolve_checkpoint,
+    setup_logging,
+    tokenize_pairs,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def first_logits(logits: Any, labels: Any) -> Any:
+    # Sparse families also return auxiliary outputs (attention density, aux loss); only the logits are scored.
+    return logits[0] if isinstance(logits, tuple) else logits
+
+
+def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
+    """
+    Run fine-tuning and evaluation.
+
+    Args:
+        argv: command-line arguments (a recipe file first, optionally); defaults to `sys.argv[1:]`.
+        callbacks: extra `TrainerCallback`s (e.g. [`~attnzoo.training.StopAtStepCallback`]).
+
+    Returns:
+        The content of `metrics.json`.
+    """
+    model_args, data_args, training_args = parse_arguments(
+        (ModelArguments, ClassificationDataArguments, TrainingArguments), argv
+    )
+    setup_logging(training_args)
+    # The datasets built here hold exactly the model inputs. Trainer's column pruning and label detection read the
+    # `forward` signature, which would miss `labels` taken through `**kwargs`: name them instead.
+    training_args.remove_unused_columns = False
+    training_args.label_names = ["labels"]
+    checkpoint = resolve_checkpoint(training_args)
+    set_seed(training_args.seed)
+
+    data = load_classification_splits(data_args, model_args.cache_dir)
+    regression = data.label_names is None
+    if regression:
+        task_fields: dict[str, Any] = {"num_labels": 1, "problem_type": "regression"}
+    else:
+        task_fields = {
+            "num_labels": len(data.label_names),
+            "id2label": dict(enumerate(data.label_names)),
+            "label2id": {name: i for i, name in enumerate(data.label_names)},
+            "problem_type": "single_label_classification",
+        }
+    tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.cache_dir)
+    model, model_info = build_model(AutoModelForSequenceClassification, model_args, tokenizer, **task_fields)
+    if data_args.max_seq_length > model.config.max_position_embeddings:
+        raise ValueError(
+            f"`max_seq_length` ({data_args.max_seq_length}) exceeds the model's `max_position_embeddings` "
+            f"({model.config.max_position_embeddings})."
+        )
+
+    datasets = {}
+    for split, columns in data.splits.items():
+        encoded = tokenize_pairs(
+            tokenizer, columns["text"], columns["text_pair"], data_args.max_seq_length, data.report, split
+        )
+        encoded["labels"] = columns["label"]
+        datasets[split] = Dataset.from_dict(encoded)
+    data.report.log()
+    train_dataset, eval_dataset = datasets.get("train"), datasets.get("validation")
+
+    task = data_args.task_name
+
+    def compute_metrics(prediction: Any) -> dict[str, float]:
+        logits = prediction.predictions
+        predictions = np.squeeze(logits, -1) if regression else np.argmax(logits, axis=-1)
+        if task is not None:
+            return glue_metrics(task, predictions, prediction.label_ids)
+        return classification_metrics(predictions, prediction.label_ids)
+
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=data_args.pad_to_multiple_of),
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+        preprocess_logits_for_metrics=first_logits,
+        callbacks=list(callbacks),
+    )
+    metrics: dict[str, Any] = {}
+    if train_dataset is not None:
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()
+        trainer.save_state()
+        metrics.update(result.metrics)
+    if eval_dataset is not None:
+        metrics.update(trainer.evaluate())
+    trainer.log_metrics("all", metrics)
+    extra = {"task": task, "label_names": data.label_names, "data": data.report.counts, "model": model_info}
+    return finish_run(trainer, metrics, extra)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as err:
+        # Bad arguments and bad data are user errors: one clear line, no traceback.
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
