@@ -35,7 +35,6 @@ from transformers import (
     Trainer,
     TrainerCallback,
     TrainingArguments,
-    set_seed,
 )
 
 import attnzoo  # noqa: F401  (registers every family with the Auto classes)
@@ -48,9 +47,7 @@ from attnzoo.training import (
     glue_metrics,
     load_classification_splits,
     load_tokenizer,
-    parse_arguments,
-    resolve_checkpoint,
-    setup_logging,
+    start_run,
     tokenize_pairs,
 )
 
@@ -73,16 +70,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
     Returns:
         The content of `metrics.json`.
     """
-    model_args, data_args, training_args = parse_arguments(
+    (model_args, data_args, training_args), checkpoint = start_run(
         (ModelArguments, ClassificationDataArguments, TrainingArguments), argv
     )
-    setup_logging(training_args)
-    # The datasets built here hold exactly the model inputs. Trainer's column pruning and label detection read the
-    # `forward` signature, which would miss `labels` taken through `**kwargs`: name them instead.
-    training_args.remove_unused_columns = False
-    training_args.label_names = ["labels"]
-    checkpoint = resolve_checkpoint(training_args)
-    set_seed(training_args.seed)
 
     data = load_classification_splits(data_args, model_args.cache_dir)
     regression = data.label_names is None

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 from datasets import Dataset
-from transformers import AutoModelForMaskedLM, Trainer, TrainerCallback, TrainingArguments, set_seed
+from transformers import AutoModelForMaskedLM, Trainer, TrainerCallback, TrainingArguments
 
 import attnzoo  # noqa: F401  (registers every family with the Auto classes)
 from attnzoo.training import (
@@ -44,9 +44,7 @@ from attnzoo.training import (
     load_mlm_texts,
     load_tokenizer,
     mask_dataset,
-    parse_arguments,
-    resolve_checkpoint,
-    setup_logging,
+    start_run,
     tokenize_pairs,
 )
 
@@ -109,14 +107,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
     Returns:
         The content of `metrics.json`.
     """
-    model_args, data_args, training_args = parse_arguments((ModelArguments, MLMDataArguments, TrainingArguments), argv)
-    setup_logging(training_args)
-    # The datasets built here hold exactly the model inputs. Trainer's column pruning and label detection read the
-    # `forward` signature, which would miss `labels` taken through `**kwargs`: name them instead.
-    training_args.remove_unused_columns = False
-    training_args.label_names = ["labels"]
-    checkpoint = resolve_checkpoint(training_args)
-    set_seed(training_args.seed)
+    (model_args, data_args, training_args), checkpoint = start_run(
+        (ModelArguments, MLMDataArguments, TrainingArguments), argv
+    )
 
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.cache_dir)
     model, model_info = build_model(AutoModelForMaskedLM, model_args, tokenizer)

@@ -41,7 +41,6 @@ from transformers import (
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
-    set_seed,
 )
 
 import attnzoo  # noqa: F401  (registers every family with the Auto classes)
@@ -53,10 +52,8 @@ from attnzoo.training import (
     finish_run,
     load_summarization_splits,
     load_tokenizer,
-    parse_arguments,
-    resolve_checkpoint,
     rouge_scores,
-    setup_logging,
+    start_run,
     tokenize_pairs,
 )
 
@@ -104,16 +101,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
     Returns:
         The content of `metrics.json`.
     """
-    model_args, data_args, training_args = parse_arguments(
+    (model_args, data_args, training_args), checkpoint = start_run(
         (ModelArguments, SummarizationDataArguments, Seq2SeqTrainingArguments), argv
     )
-    setup_logging(training_args)
-    # The datasets built here hold exactly the model inputs. Trainer's column pruning and label detection read the
-    # `forward` signature, which would miss `labels` taken through `**kwargs`: name them instead.
-    training_args.remove_unused_columns = False
-    training_args.label_names = ["labels"]
-    checkpoint = resolve_checkpoint(training_args)
-    set_seed(training_args.seed)
 
     splits, report = load_summarization_splits(data_args, model_args.cache_dir)
     tokenizer = load_tokenizer(model_args.tokenizer_name_or_path, model_args.cache_dir)

@@ -39,6 +39,7 @@ from .data import (
 )
 from .metrics import classification_metrics, glue_metrics, rouge_scores
 from .modeling import build_model, load_tokenizer, resolve_checkpoint
+from .run import start_run
 
 __all__ = [
     "GLUE_TASKS",
@@ -68,6 +69,7 @@ __all__ = [
     "resolve_checkpoint",
     "rouge_scores",
     "setup_logging",
+    "start_run",
     "split_sentences",
     "tokenize_pairs",
 ]

@@ -1,0 +1,32 @@
+"""The start of every training program: arguments, logging, Trainer's column handling, resume point and seed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from transformers import set_seed
+
+from .arguments import parse_arguments
+from .callbacks import setup_logging
+from .modeling import resolve_checkpoint
+
+
+def start_run(
+    dataclass_types: Sequence[type], argv: Sequence[str] | None = None
+) -> tuple[tuple[Any, ...], str | None]:
+    """Parse the program's argument dataclasses (the last one is the `TrainingArguments`) and prepare the run.
+
+    Returns:
+        `(parsed arguments, checkpoint to resume from or None)`.
+    """
+    parsed = parse_arguments(dataclass_types, argv)
+    training_args = parsed[-1]
+    setup_logging(training_args)
+    # The datasets built by the programs hold exactly the model inputs, so Trainer's signature-based column pruning
+    # and label detection have nothing to add; naming the labels keeps custom heads with `**kwargs` working too.
+    training_args.remove_unused_columns = False
+    training_args.label_names = ["labels"]
+    checkpoint = resolve_checkpoint(training_args)
+    set_seed(training_args.seed)
+    return parsed, checkpoint
