@@ -11,7 +11,7 @@ The table is written as `results.md` and `results.json` with a plot `results.png
 
 ```bash
 python scripts/demo.py                      # everything: a 60 s MLM, then 100 SST-2 steps per family
-python scripts/demo.py --families dense,sbm --sst2_steps 300 --mlm_seconds 30
+python scripts/demo.py --families dense,sbm --sst2_steps 600 --mlm_seconds 30
 ```
 """
 
@@ -56,7 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--families", default=None, help="Comma-separated family names (default: every family).")
     parser.add_argument("--mlm_seconds", type=float, default=60.0, help="MLM training time budget (default: 60 s).")
     parser.add_argument("--mlm_steps", type=int, default=2000, help="At most this many MLM steps (default: 2000).")
-    parser.add_argument("--sst2_steps", type=int, default=100, help="SST-2 fine-tuning steps per family (100).")
+    parser.add_argument("--sst2_steps", type=int, default=300, help="SST-2 fine-tuning steps per family (300).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of every run (default: 0).")
     parser.add_argument("--skip_mlm", action="store_true", help="Skip part 1 (tokenizer + MLM + fill-mask).")
     args = parser.parse_args(argv)
