@@ -64,8 +64,12 @@ class DenseMaskSTE(torch.autograd.Function):
         logits: tuple[Tensor, Tensor, float] | None,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
-        bias = blocked.mul_(torch.finfo(blocked.dtype).min)  # (B, H, Nq, Nk)
-        ctx.mark_dirty(blocked)
+        if blocked._is_view():
+            # Autograd cannot mark a view dirty in a Function with two outputs: pay for one new tensor instead.
+            bias = blocked * torch.finfo(blocked.dtype).min  # (B, H, Nq, Nk)
+        else:
+            bias = blocked.mul_(torch.finfo(blocked.dtype).min)
+            ctx.mark_dirty(blocked)
         # `sampled is None`: the attended pairs are exactly the sampled ones, so the bias is the mask.
         ctx.save_for_backward(bias if sampled is None else sampled)
         ctx.clip, ctx.logits, ctx.from_bias = clip, logits, sampled is None

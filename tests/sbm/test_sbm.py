@@ -381,3 +381,19 @@ def test_density_callback_logs_mean_density_per_layer():
     callback.on_log(None, None, None, model=model, logs=logs)
     assert set(logs) == {"sbm_density/layer_0", "sbm_density/layer_1", "sbm_density/mean"}
     assert all(0 < value < 1 for value in logs.values())
+
+
+def test_dense_backend_low_density_eval_forward_and_backward():
+    """Regression: at low density in eval the dense backend's mask is a view; the STE must still run."""
+    import attnzoo
+    from attnzoo.testing import load_config
+
+    config = load_config(
+        "sbm", "tiny", sampling_backend="bernoulli", membership_logit_bias=-2.6, attention_probs_dropout_prob=0.0
+    )
+    model = attnzoo.SBMModel(config).eval()
+    ids = torch.randint(5, config.vocab_size, (1, 96))
+    out = model(input_ids=ids)
+    out.last_hidden_state.pow(2).mean().backward()
+    assert torch.isfinite(out.last_hidden_state).all()
+    assert out.attention_density.mean() < 0.1
