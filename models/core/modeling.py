@@ -81,6 +81,17 @@ class ZooPreTrainedModel(PreTrainedModel):
         # parameters live in child modules.
         super()._initialize_weights(module, is_custom_code=False)
 
+    def resolve_output_flags(
+        self, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
+    ) -> tuple[bool, bool, bool]:
+        """Per-call output switches, falling back to the config's."""
+        config = self.config
+        return (
+            bool(output_attentions if output_attentions is not None else config.output_attentions),
+            bool(output_hidden_states if output_hidden_states is not None else config.output_hidden_states),
+            bool(return_dict if return_dict is not None else config.return_dict),
+        )
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -125,23 +136,19 @@ class ZooModel(ZooPreTrainedModel):
             position_ids (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): absolute positions.
             inputs_embeds (`torch.Tensor` of shape `(batch, seq_len, hidden_size)`, *optional*): instead of ids.
         """
+        output_attentions, output_hidden_states, return_dict = self.resolve_output_flags(
+            output_attentions, output_hidden_states, return_dict
+        )
         out = self.encoder(
             input_ids,
             attention_mask,
             token_type_ids,
             position_ids,
             inputs_embeds,
-            output_attentions=bool(
-                output_attentions if output_attentions is not None else self.config.output_attentions
-            ),
-            output_hidden_states=bool(
-                output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-            ),
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
         )
-        return out if self._return_dict(return_dict) else out.to_tuple()
-
-    def _return_dict(self, return_dict: bool | None) -> bool:
-        return return_dict if return_dict is not None else self.config.return_dict
+        return out if return_dict else out.to_tuple()
 
 
 class _EncoderHeadMixin:
@@ -166,7 +173,7 @@ class _EncoderHeadMixin:
             output_attentions=oa,
             output_hidden_states=oh,
             return_dict=True,
-        ), (rd if rd is not None else self.config.return_dict)
+        ), self.resolve_output_flags(oa, oh, rd)[2]
 
 
 class ZooForMaskedLM(_EncoderHeadMixin, ZooPreTrainedModel):
@@ -375,9 +382,7 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
             labels (`torch.LongTensor` of shape `(batch, target_len)`, *optional*): target ids (not shifted), -100
                 where ignored. The loss is computed without a further shift.
         """
-        oa = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
-        oh = bool(output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        oa, oh, return_dict = self.resolve_output_flags(output_attentions, output_hidden_states, return_dict)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
