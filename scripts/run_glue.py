@@ -49,6 +49,7 @@ from attnzoo.training import (
     load_tokenizer,
     start_run,
     tokenize_pairs,
+    train_and_evaluate,
 )
 
 logger = logging.getLogger(__name__)
@@ -123,14 +124,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         preprocess_logits_for_metrics=first_logits,
         callbacks=list(callbacks),
     )
-    metrics: dict[str, Any] = {}
-    if train_dataset is not None:
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
-        trainer.save_state()
-        metrics.update(result.metrics)
-    if eval_dataset is not None:
-        metrics.update(trainer.evaluate())
+    metrics = train_and_evaluate(
+        trainer, train=train_dataset is not None, evaluate=eval_dataset is not None, checkpoint=checkpoint
+    )
     trainer.log_metrics("all", metrics)
     extra = {"task": task, "label_names": data.label_names, "data": data.report.counts, "model": model_info}
     return finish_run(trainer, metrics, extra)

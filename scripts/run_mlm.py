@@ -46,6 +46,7 @@ from attnzoo.training import (
     mask_dataset,
     start_run,
     tokenize_pairs,
+    train_and_evaluate,
 )
 
 logger = logging.getLogger(__name__)
@@ -158,16 +159,11 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         preprocess_logits_for_metrics=argmax_logits if eval_dataset is not None else None,
         callbacks=[EpochSetterCallback(collator), *callbacks],
     )
-    metrics: dict[str, Any] = {}
-    if train_dataset is not None:
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
-        trainer.save_state()
-        metrics.update(result.metrics)
-    if eval_dataset is not None:
-        eval_metrics = trainer.evaluate()
-        eval_metrics["eval_perplexity"] = math.exp(min(eval_metrics["eval_loss"], 50.0))
-        metrics.update(eval_metrics)
+    metrics = train_and_evaluate(
+        trainer, train=train_dataset is not None, evaluate=eval_dataset is not None, checkpoint=checkpoint
+    )
+    if "eval_loss" in metrics:
+        metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
     trainer.log_metrics("all", metrics)
     return finish_run(trainer, metrics, {"data": report.counts, "model": model_info})
 

@@ -55,6 +55,7 @@ from attnzoo.training import (
     rouge_scores,
     start_run,
     tokenize_pairs,
+    train_and_evaluate,
 )
 
 logger = logging.getLogger(__name__)
@@ -163,14 +164,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         compute_metrics=compute_metrics if training_args.predict_with_generate else None,
         callbacks=list(callbacks),
     )
-    metrics: dict[str, Any] = {}
-    if train_dataset is not None:
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-        trainer.save_model()
-        trainer.save_state()
-        metrics.update(result.metrics)
-    if eval_dataset is not None:
-        metrics.update(trainer.evaluate())
+    metrics = train_and_evaluate(
+        trainer, train=train_dataset is not None, evaluate=eval_dataset is not None, checkpoint=checkpoint
+    )
     trainer.log_metrics("all", metrics)
     return finish_run(trainer, metrics, {"data": report.counts, "model": model_info})
 

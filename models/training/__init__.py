@@ -39,7 +39,7 @@ from .data import (
 )
 from .metrics import classification_metrics, glue_metrics, rouge_scores
 from .modeling import build_model, load_tokenizer, resolve_checkpoint
-from .run import start_run
+from .run import start_run, train_and_evaluate
 
 __all__ = [
     "GLUE_TASKS",
@@ -70,6 +70,7 @@ __all__ = [
     "rouge_scores",
     "setup_logging",
     "start_run",
+    "train_and_evaluate",
     "split_sentences",
     "tokenize_pairs",
 ]

@@ -30,3 +30,16 @@ def start_run(
     checkpoint = resolve_checkpoint(training_args)
     set_seed(training_args.seed)
     return parsed, checkpoint
+
+
+def train_and_evaluate(trainer: Any, *, train: bool, evaluate: bool, checkpoint: str | None) -> dict[str, Any]:
+    """Train (resuming from `checkpoint`), save model and state, then evaluate; returns the merged metrics."""
+    metrics: dict[str, Any] = {}
+    if train:
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()
+        trainer.save_state()
+        metrics.update(result.metrics)
+    if evaluate:
+        metrics.update(trainer.evaluate())
+    return metrics
