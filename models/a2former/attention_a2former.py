@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 import transformers.initialization as init
 from torch import nn
-from transformers.cache_utils import Cache
 
 from ..core.attention import AttentionOutput, ZooAttention
 from ..kernels.dropout import sample_keep_mask
@@ -88,31 +87,10 @@ class A2FormerAttention(ZooAttention):
                 logits = self._per_head(F.linear(x, weight, bias))
         return offsets * self.offset_scale, logits
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        key_valid: torch.Tensor | None = None,
-        key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-    ) -> AttentionOutput:
-        """Arguments as [`~attnzoo.core.ZooAttention.forward`]; the offsets come from `hidden_states`."""
-        q, k, v = self.project_qkv(hidden_states, key_value_states, past_key_values)
-        query_offset = k.shape[2] - q.shape[2] if self.is_causal else 0
+    def attend_inputs(self, hidden_states: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        """The offsets (and point logits of the linear mode) come from the query tokens' hidden states."""
         offsets, point_logits = self.predict_offsets(hidden_states)
-        out = self.attend(
-            q,
-            k,
-            v,
-            key_valid,
-            query_offset=query_offset,
-            output_attentions=output_attentions,
-            offsets=offsets,
-            point_logits=point_logits,
-        )
-        merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
-        out.hidden_states = self.o_proj(merged)
-        return out
+        return {"offsets": offsets, "point_logits": point_logits}
 
     def key_span(
         self, key_valid: torch.Tensor | None, batch: int, num_keys: int, device: torch.device

@@ -140,12 +140,26 @@ class ZooAttention(nn.Module):
             output_attentions (`bool`): also return dense `(B, H, Nq, Nk)` attention probabilities.
         """
         q, k, v = self.project_qkv(hidden_states, key_value_states, past_key_values)
-        # Queries of an incremental decoding step sit after the cached keys.
-        query_offset = k.shape[2] - q.shape[2] if self.is_causal else 0
-        out = self.attend(q, k, v, key_valid, query_offset=query_offset, output_attentions=output_attentions)
+        out = self.attend(
+            q,
+            k,
+            v,
+            key_valid,
+            query_offset=self.query_offset(q, k, past_key_values),
+            output_attentions=output_attentions,
+            **self.attend_inputs(hidden_states),
+        )
         merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
         out.hidden_states = self.o_proj(merged)
         return out
+
+    def query_offset(self, q: torch.Tensor, k: torch.Tensor, past_key_values: Cache | None) -> int:
+        """Position of the first query: queries of an incremental decoding step sit after the cached keys."""
+        return k.shape[2] - q.shape[2] if self.is_causal else 0
+
+    def attend_inputs(self, hidden_states: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Extra keyword inputs of :meth:`attend` computed from the query-side hidden states (none by default)."""
+        return {}
 
     def attend(
         self,

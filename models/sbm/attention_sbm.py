@@ -222,28 +222,14 @@ class SBMAttention(ZooAttention):
             density = float((expected + delta * total) / total.clamp(min=1))
         return "fastrg" if density < self.config.auto_density_threshold else "bernoulli"
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        key_valid: torch.Tensor | None = None,
-        key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        output_attentions: bool = False,
-    ) -> AttentionOutput:
-        """As [`ZooAttention.forward`]; cross-attention also gets its queries' decoder positions, so that eval-mode
-        draws of a pair are the same with and without the KV cache."""
-        q, k, v = self.project_qkv(hidden_states, key_value_states, past_key_values)
-        query_offset = 0
-        if self.is_causal:
-            query_offset = k.shape[2] - q.shape[2]
-        elif self.is_cross_attention and isinstance(past_key_values, EncoderDecoderCache):
+    def query_offset(self, q: torch.Tensor, k: torch.Tensor, past_key_values: Cache | None) -> int:
+        """As [`ZooAttention.query_offset`]; cross-attention also gets its queries' decoder positions, so that
+        eval-mode draws of a pair are the same with and without the KV cache."""
+        if self.is_cross_attention and isinstance(past_key_values, EncoderDecoderCache):
             # The decoder layer has already appended this step to its self-attention cache.
             cached = past_key_values.self_attention_cache.get_seq_length(self.layer_idx)
-            query_offset = max(cached - q.shape[2], 0)
-        out = self.attend(q, k, v, key_valid, query_offset=query_offset, output_attentions=output_attentions)
-        merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
-        out.hidden_states = self.o_proj(merged)
-        return out
+            return max(cached - q.shape[2], 0)
+        return super().query_offset(q, k, past_key_values)
 
     # ----- compute ---------------------------------------------------------------------------------------------
 
