@@ -43,6 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="transformers models to compare with (same size)",
     )
     parser.add_argument("--no-hf-baselines", action="store_true", help="skip the transformers models")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        help="keep only these rows, e.g. dense sbm:fastrg-2%% (default: every row of the families)",
+    )
     parser.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096])
     parser.add_argument("--extra-lengths", nargs="+", type=int, default=[], help="longer lengths, zoo families only")
     parser.add_argument("--batch-size", type=int, default=1)
@@ -80,6 +85,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchmarkSettings:
     return BenchmarkSettings(
         families=args.families,
         hf_baselines=[] if args.no_hf_baselines else args.hf_baselines,
+        rows=args.rows,
         lengths=args.lengths,
         extra_lengths=args.extra_lengths,
         batch_size=args.batch_size,

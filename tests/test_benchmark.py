@@ -182,3 +182,10 @@ def test_benchmark_variants_are_extra_rows(monkeypatch: pytest.MonkeyPatch) -> N
     assert rows[1].overrides == {"pre_norm": True} and rows[1].variant == "pre-norm"
     model = rows[1].build(TINY, 32)
     assert model.config.pre_norm and model.config.max_position_embeddings == 34 and not model.training
+    # `keep` (the `--rows` option) times one variant next to the dense family and names unknown rows.
+    assert [row.name for row in benchmark_models(["dense"], ["bert-sdpa"], keep=["dense:pre-norm", "dense"])] == [
+        "dense",
+        "dense:pre-norm",
+    ]
+    with pytest.raises(ValueError, match=r"Unknown benchmark rows \['dense:post-norm'\]"):
+        benchmark_models(["dense"], [], keep=["dense", "dense:post-norm"])

@@ -22,7 +22,9 @@ class BenchModel:
         kind: `"family"` (runs the extra lengths) or `"hf"`.
         build: `build(size, length) -> nn.Module` returning a fresh model in eval mode.
         global_first_token: pass Longformer's `global_attention_mask` with global attention on token 0.
-        family / variant / overrides: where a zoo row comes from (recorded in the JSON).
+        family / variant / overrides: where a zoo row comes from (recorded in the JSON). `overrides` is a dict of
+            config fields, or a function `length -> dict` for variants whose settings follow the sequence length
+            (recorded as its docstring).
     """
 
     name: str
@@ -31,15 +33,18 @@ class BenchModel:
     global_first_token: bool = False
     family: str | None = None
     variant: str | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] | Callable[[int], dict[str, Any]] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
+        overrides = self.overrides
+        if callable(overrides):
+            overrides = {"per_length": (overrides.__doc__ or overrides.__name__).strip()}
         return {
             "name": self.name,
             "kind": self.kind,
             "family": self.family,
             "variant": self.variant,
-            "overrides": self.overrides,
+            "overrides": overrides,
         }
 
 
@@ -93,15 +98,19 @@ def _family_package(family: Any) -> str:
     return family.config_class.__module__.rsplit(".", 1)[0]
 
 
-def family_variants(family: Any) -> dict[str, dict[str, Any]]:
-    """The family package's optional `BENCHMARK_VARIANTS` (variant name -> config overrides)."""
+def family_variants(family: Any) -> dict[str, dict[str, Any] | Callable[[int], dict[str, Any]]]:
+    """The family package's optional `BENCHMARK_VARIANTS` (variant name -> config overrides, or a function of the
+    sequence length returning them)."""
     package = importlib.import_module(_family_package(family))
     return dict(getattr(package, "BENCHMARK_VARIANTS", {}) or {})
 
 
-def _family_builder(family: Any, overrides: dict[str, Any]) -> Callable[[ModelSize, int], nn.Module]:
+def _family_builder(
+    family: Any, overrides: dict[str, Any] | Callable[[int], dict[str, Any]]
+) -> Callable[[ModelSize, int], nn.Module]:
     def build(size: ModelSize, length: int) -> nn.Module:
-        config = family.config_class(**{**size.config_kwargs(length), **overrides})
+        fields = overrides(length) if callable(overrides) else overrides
+        config = family.config_class(**{**size.config_kwargs(length), **fields})
         return family.model_class(config).eval()
 
     return build
@@ -136,11 +145,15 @@ def _hf_builder(key: str) -> Callable[[ModelSize, int], nn.Module]:
 
 
 def benchmark_models(
-    families: list[str] | None, hf_baselines: list[str], errors: dict[str, str] | None = None
+    families: list[str] | None,
+    hf_baselines: list[str],
+    errors: dict[str, str] | None = None,
+    keep: list[str] | None = None,
 ) -> list[BenchModel]:
     """Rows of the benchmark: every family (plus its variants), then the HF baselines. Dense family comes first.
 
-    `errors`, when given, collects the families that could not be loaded instead of raising.
+    `errors`, when given, collects the families that could not be loaded instead of raising. `keep`, when given,
+    names the rows to keep; a name that matches no row is an error.
     """
     rows = []
     for family in resolve_families(families, errors):
@@ -153,11 +166,16 @@ def benchmark_models(
                     _family_builder(family, overrides),
                     family=family.name,
                     variant=variant,
-                    overrides=dict(overrides),
+                    overrides=overrides if callable(overrides) else dict(overrides),
                 )
             )
     for key in hf_baselines:
         rows.append(BenchModel(f"hf:{key}", "hf", _hf_builder(key), global_first_token=key == "longformer"))
+    if keep is not None:
+        unknown = sorted(set(keep) - {row.name for row in rows})
+        if unknown:
+            raise ValueError(f"Unknown benchmark rows {unknown}; available: {[row.name for row in rows]}.")
+        rows = [row for row in rows if row.name in keep]
     rows.sort(key=lambda row: row.name != REFERENCE_MODEL)
     return rows
 

@@ -28,7 +28,7 @@ def run_benchmark(settings: BenchmarkSettings, log: Callable[[str], None] = prin
     header = machine_header(settings)
     header["loadavg_start"] = loadavg()
     load_errors: dict[str, str] = {}
-    rows = benchmark_models(settings.families, settings.hf_baselines, load_errors)
+    rows = benchmark_models(settings.families, settings.hf_baselines, load_errors, keep=settings.rows)
     for error in load_errors.values():
         log(f"not benchmarked: {error}")
     if not any(row.name == REFERENCE_MODEL for row in rows):

@@ -48,6 +48,8 @@ class BenchmarkSettings:
     Args:
         families: family names, model types or `attnzoo` subpackages to import; `None` means every registered one.
         hf_baselines: keys of :data:`HF_BASELINES` to add.
+        rows: keep only these rows (`"dense"`, `"sbm:fastrg-2%"`, `"hf:bert-sdpa"`); `None` keeps every row of the
+            chosen families and baselines. The dense family must stay: every ratio is relative to it.
         lengths: sequence lengths run for every model.
         extra_lengths: longer lengths run for the zoo families only.
         rounds / warmup: timed rounds and untimed warm-up steps per (model, level, mode); `None` picks a device
@@ -64,6 +66,7 @@ class BenchmarkSettings:
 
     families: list[str] | None = None
     hf_baselines: list[str] = field(default_factory=lambda: list(DEFAULT_HF_BASELINES))
+    rows: list[str] | None = None
     lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096])
     extra_lengths: list[int] = field(default_factory=list)
     batch_size: int = 1

@@ -92,7 +92,7 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
     `cuda_peak_bytes`, `parameters_bytes` and `attention_density`.
     """
     apply_threads(settings)
-    rows = benchmark_models(settings.families, settings.hf_baselines, errors={})  # the parent reports failures
+    rows = benchmark_models(settings.families, settings.hf_baselines, errors={}, keep=settings.rows)  # parent reports
     start_load = loadavg()
     too_slow: set[tuple[str, str]] = set()
     entries = []
