@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 import attnzoo.sparse_transformer  # noqa: F401  (registers the family)
+from attnzoo.testing import mean_sst2_accuracy
+
+SEEDS = (0, 1, 2)
+
+
+@functools.lru_cache(maxsize=1)
+def dense_accuracy() -> float:
+    return mean_sst2_accuracy("dense", {}, seeds=SEEDS)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -17,9 +28,8 @@ import attnzoo.sparse_transformer  # noqa: F401  (registers the family)
     ids=["strided-split", "fixed-merged"],
 )
 def test_sst2_accuracy_within_five_points_of_dense(overrides):
-    from attnzoo.testing import train_and_eval_sst2
-
-    dense = train_and_eval_sst2("dense", {}, steps=300, seed=0)["accuracy"]
-    sparse = train_and_eval_sst2("sparse_transformer", overrides, steps=300, seed=0)["accuracy"]
+    # Means over three seeds on both sides (one seed's run moves by 1-3 points; see `mean_sst2_accuracy`).
+    dense = dense_accuracy()
+    sparse = mean_sst2_accuracy("sparse_transformer", overrides, seeds=SEEDS)
     assert sparse > 0.6, f"Sparse Transformer accuracy {sparse:.3f} is not well above chance"
     assert sparse >= dense - 0.05, f"Sparse Transformer {sparse:.3f} vs dense {dense:.3f}"
