@@ -189,3 +189,17 @@ def test_benchmark_variants_are_extra_rows(monkeypatch: pytest.MonkeyPatch) -> N
     ]
     with pytest.raises(ValueError, match=r"Unknown benchmark rows \['dense:post-norm'\]"):
         benchmark_models(["dense"], [], keep=["dense", "dense:post-norm"])
+
+
+def test_benchmark_variant_settings_can_follow_the_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    import attnzoo.dense
+
+    def heads_by_length(length: int) -> dict:
+        """one head up to 32 tokens, two beyond"""
+        return {"num_attention_heads": 1 if length <= 32 else 2}
+
+    monkeypatch.setattr(attnzoo.dense, "BENCHMARK_VARIANTS", {"by-length": heads_by_length}, raising=False)
+    row = benchmark_models(["dense"], [])[1]
+    assert row.build(TINY, 32).config.num_attention_heads == 1
+    assert row.build(TINY, 64).config.num_attention_heads == 2
+    assert row.describe()["overrides"] == {"per_length": "one head up to 32 tokens, two beyond"}

@@ -397,3 +397,21 @@ def test_dense_backend_low_density_eval_forward_and_backward():
     out.last_hidden_state.pow(2).mean().backward()
     assert torch.isfinite(out.last_hidden_state).all()
     assert out.attention_density.mean() < 0.1
+
+
+def test_fixed_degree_benchmark_variant_keeps_keys_per_query_constant():
+    # The benchmark's "fastrg-60/query" rows: edges must grow like N (not N^2) for the growth figures to mean anything.
+    from attnzoo.benchmarking import ModelSize
+    from attnzoo.sbm import SBMModel, fastrg_fixed_degree
+
+    assert fastrg_fixed_degree(8192)["exploration_delta"] * 8192 == pytest.approx(0.01 * 4096)
+    size = ModelSize(num_hidden_layers=1)
+    degrees = []
+    for length in (1024, 4096):
+        torch.manual_seed(0)
+        model = SBMModel(SBMConfig(**size.config_kwargs(length), **fastrg_fixed_degree(length))).eval()
+        with torch.no_grad():
+            density = model(input_ids=torch.randint(5, size.vocab_size, (1, length))).attention_density.mean()
+        degrees.append(float(density) * length)
+    assert 40 < degrees[0] < 80 and 40 < degrees[1] < 80, degrees
+    assert abs(degrees[0] - degrees[1]) < 0.15 * degrees[1], degrees
