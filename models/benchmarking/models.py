@@ -12,6 +12,9 @@ from torch import nn
 
 from .settings import HF_BASELINES, REFERENCE_MODEL, ModelSize
 
+#: Config overrides of a benchmark variant: fixed fields, or a function of the sequence length returning them.
+Overrides = dict[str, Any] | Callable[[int], dict[str, Any]]
+
 
 @dataclass(frozen=True)
 class BenchModel:
@@ -33,7 +36,7 @@ class BenchModel:
     global_first_token: bool = False
     family: str | None = None
     variant: str | None = None
-    overrides: dict[str, Any] | Callable[[int], dict[str, Any]] = field(default_factory=dict)
+    overrides: Overrides = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         overrides = self.overrides
@@ -98,16 +101,14 @@ def _family_package(family: Any) -> str:
     return family.config_class.__module__.rsplit(".", 1)[0]
 
 
-def family_variants(family: Any) -> dict[str, dict[str, Any] | Callable[[int], dict[str, Any]]]:
+def family_variants(family: Any) -> dict[str, Overrides]:
     """The family package's optional `BENCHMARK_VARIANTS` (variant name -> config overrides, or a function of the
     sequence length returning them)."""
     package = importlib.import_module(_family_package(family))
     return dict(getattr(package, "BENCHMARK_VARIANTS", {}) or {})
 
 
-def _family_builder(
-    family: Any, overrides: dict[str, Any] | Callable[[int], dict[str, Any]]
-) -> Callable[[ModelSize, int], nn.Module]:
+def _family_builder(family: Any, overrides: Overrides) -> Callable[[ModelSize, int], nn.Module]:
     def build(size: ModelSize, length: int) -> nn.Module:
         fields = overrides(length) if callable(overrides) else overrides
         config = family.config_class(**{**size.config_kwargs(length), **fields})

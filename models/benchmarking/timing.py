@@ -92,7 +92,8 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
     `cuda_peak_bytes`, `parameters_bytes` and `attention_density`.
     """
     apply_threads(settings)
-    rows = benchmark_models(settings.families, settings.hf_baselines, errors={}, keep=settings.rows)  # parent reports
+    # Load failures are reported by the parent process, which built the same rows.
+    rows = benchmark_models(settings.families, settings.hf_baselines, errors={}, keep=settings.rows)
     start_load = loadavg()
     too_slow: set[tuple[str, str]] = set()
     entries = []

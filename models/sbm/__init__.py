@@ -1,6 +1,7 @@
 """SBM-Transformer family (`model_type="sbm"`), registered with the Auto classes on import."""
 
 import math
+from collections.abc import Callable
 
 from ..registry import Family, register_family
 from .attention_sbm import SBMAttention
@@ -46,7 +47,7 @@ def fastrg_fixed_degree(length: int) -> dict:
 #: backends at ~1.5% density. A fresh model is put at that density with a constant membership-logit bias
 #: (`membership_logit_bias`); trained models reach such densities through the regulariser (`sparsity_weight` >= 1e-2
 #: in the paper's Table 2). `fastrg-60/query` keeps about 60 keys per query at every length instead.
-BENCHMARK_VARIANTS: dict = {
+BENCHMARK_VARIANTS: dict[str, dict | Callable[[int], dict]] = {
     "bernoulli-2%": {"sampling_backend": "bernoulli", "membership_logit_bias": -2.6},
     "fastrg-2%": {"sampling_backend": "fastrg", "membership_logit_bias": -2.6},
     # Edges growing like N instead of N^2: how the fastRG backend's cost follows the number of edges beyond 4096.
