@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..tokenization import iter_json_records, iter_texts_from_dataset, iter_texts_from_files, tsv_is_csv_quoted
+from ...tokenization import iter_json_records, iter_texts_from_dataset, iter_texts_from_files, tsv_is_csv_quoted
 
 logger = logging.getLogger(__name__)
 
