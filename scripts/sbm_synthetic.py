@@ -95,6 +95,10 @@ def train(
     init_std: float = 0.1,
     pre_norm: bool = True,
     sbm_overrides: dict | None = None,
+    adam_eps: float = 1e-8,
+    beta2: float = 0.999,
+    warmup: int = 0,
+    decay: str = "none",
     log_every: int = 50,
     eval_batch: int = 256,
     seed: int = 0,
@@ -110,7 +114,8 @@ def train(
         pre_norm,
         SBM_TASK_OVERRIDES if sbm_overrides is None else sbm_overrides,
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, beta2), eps=adam_eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, steps, warmup, decay))
     generator = torch.Generator().manual_seed(seed)
     eval_ids, eval_labels = repeated_tokens_batch(eval_batch, length, torch.Generator().manual_seed(seed + 12345))
     log: list[dict] = []
@@ -123,6 +128,7 @@ def train(
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
         loss.backward()
         optimizer.step()
+        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         loss_sum += loss.item()
         acc_sum += (logits.argmax(-1) == labels).float().mean().item()
@@ -151,6 +157,15 @@ def train(
     return {"family": family, "log": log}
 
 
+def lr_factor(step: int, steps: int, warmup: int, decay: str) -> float:
+    """Learning-rate factor: linear warm-up over `warmup` steps, then constant or a linear decay to 0 at `steps`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if decay == "linear":
+        return max(0.0, (steps - step) / max(1, steps - warmup))
+    return 1.0
+
+
 def plot(results: dict, path: Path) -> None:
     """Figure 4 style: loss (left), accuracy (middle) and SBM mask density (right) against the training step."""
     import matplotlib
@@ -171,6 +186,32 @@ def plot(results: dict, path: Path) -> None:
         ax.set_xlabel("step")
         ax.legend()
     fig.suptitle(f"Finding repeated tokens, N={results['setup']['length']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_seeds(paths: list[Path], path: Path) -> None:
+    """Eval accuracy (left) and mask density (right) of the SBM run in each of several result JSONs, one line each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for source in paths:
+        results = json.loads(source.read_text())
+        log = results["runs"]["sbm"]["log"]
+        steps = [e["step"] for e in log]
+        label = f"seed {results['setup']['seed']}"
+        line = axes[0].plot(steps, [e["eval_accuracy"] for e in log], label=label)[0]
+        axes[1].plot(steps, [e["train_density"] for e in log], color=line.get_color(), label=label)
+    axes[0].set_ylabel("eval token accuracy")
+    axes[1].set_ylabel("mean mask density")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    fig.suptitle("SBM on finding repeated tokens, one run per seed")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -197,12 +238,26 @@ def main(argv: list[str] | None = None) -> dict:
         default=SBM_TASK_OVERRIDES,
         help='SBMConfig fields as JSON, e.g. \'{"ste_variant": "paper"}\'',
     )
+    parser.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon (the official LRA code: 1e-6)")
+    parser.add_argument("--beta2", type=float, default=0.999, help="Adam beta2")
+    parser.add_argument("--warmup", type=int, default=0, help="linear learning-rate warm-up steps")
+    parser.add_argument(
+        "--decay", choices=("none", "linear"), default="none", help="learning-rate decay after warm-up"
+    )
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--families", default="dense,sbm", help="comma-separated: dense, sbm")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out-dir", type=Path, default=Path("runs/sbm_synthetic"))
+    parser.add_argument(
+        "--compare", type=Path, nargs="+", help="only plot the SBM runs of these result JSONs into OUT_DIR/seeds.png"
+    )
     args = parser.parse_args(argv)
+    if args.compare:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        plot_seeds(args.compare, args.out_dir / "seeds.png")
+        print(f"wrote {args.out_dir / 'seeds.png'}")
+        return {}
     torch.set_num_threads(args.threads)
     setup = {
         k: getattr(args, k)
@@ -217,6 +272,10 @@ def main(argv: list[str] | None = None) -> dict:
             "init_std",
             "pre_norm",
             "sbm_overrides",
+            "adam_eps",
+            "beta2",
+            "warmup",
+            "decay",
             "seed",
         )
     }
@@ -225,7 +284,8 @@ def main(argv: list[str] | None = None) -> dict:
         results["runs"][family] = train(
             family, length=args.length, steps=args.steps, batch=args.batch, lr=args.lr, hidden=args.hidden,
             clusters=args.clusters, positions=args.positions, init_std=args.init_std, pre_norm=args.pre_norm,
-            sbm_overrides=args.sbm_overrides, log_every=args.log_every, seed=args.seed,
+            sbm_overrides=args.sbm_overrides, adam_eps=args.adam_eps, beta2=args.beta2, warmup=args.warmup,
+            decay=args.decay, log_every=args.log_every, seed=args.seed,
         )  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"repeated_tokens_N{args.length}"

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -25,22 +21,13 @@ def test_sst2_accuracy_is_within_five_points_of_dense():
     assert sbm["accuracy"] >= dense["accuracy"] - 0.05, (sbm, dense)
 
 
-def load_synthetic_script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "sbm_synthetic.py"
-    spec = importlib.util.spec_from_file_location("sbm_synthetic", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(5400)
-def test_repeated_tokens_sbm_approaches_full_attention_and_density_rises():
+def test_repeated_tokens_sbm_approaches_full_attention_and_density_rises(synthetic_script):
     # Paper §5.1 / Figure 4 reduced to a CPU budget: N=64 and batch 64 instead of 256 (one layer, one head, width
     # 32, k=128, lr 1e-3 as in the paper); see scripts/sbm_synthetic.py for the setup and the full-size run.
     torch.set_num_threads(1)
-    script = load_synthetic_script()
+    script = synthetic_script
     setup = {"length": 64, "batch": 64, "log_every": 100, "seed": 0}
     dense = script.train("dense", steps=2000, **setup)["log"]
     sbm = script.train("sbm", steps=3000, **setup)["log"]
