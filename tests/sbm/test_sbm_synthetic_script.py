@@ -43,3 +43,14 @@ def test_cli_trains_both_families_records_the_setup_and_plots_seeds(synthetic_sc
 
     synthetic_script.main(["--compare", str(tmp_path / "repeated_tokens_N16.json"), "--out-dir", str(tmp_path)])
     assert (tmp_path / "seeds.png").stat().st_size > 0
+
+
+def test_param_groups_give_the_graph_parameters_their_own_learning_rate(synthetic_script):
+    model = synthetic_script.build_model("sbm", 16, 32, 8, 0.1, True, {})
+    rest, graph = synthetic_script.param_groups(model, 1e-3, 0.3)
+    attention = model.encoder.encoder.layers[0].attention
+    expected = {id(attention.clusters)} | {id(p) for p in attention.membership_mlp.parameters()}
+    assert {id(p) for p in graph["params"]} == expected and graph["lr"] == pytest.approx(3e-4)
+    assert rest["lr"] == 1e-3 and len(rest["params"]) + len(graph["params"]) == len(list(model.parameters()))
+    dense = synthetic_script.build_model("dense", 16, 32, 8, 0.1, True, {})
+    assert synthetic_script.param_groups(dense, 1e-3, 0.3)[1]["params"] == []
