@@ -212,6 +212,8 @@ def plot_seeds(paths: list[Path], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for source in paths:
         results = json.loads(source.read_text())
+        if "sbm" not in results.get("runs", {}):
+            raise SystemExit(f"{source}: no SBM run in this result file (runs: {sorted(results.get('runs', {}))})")
         log = results["runs"]["sbm"]["log"]
         steps = [e["step"] for e in log]
         label = f"seed {results['setup']['seed']}"

@@ -54,3 +54,10 @@ def test_param_groups_give_the_graph_parameters_their_own_learning_rate(syntheti
     assert rest["lr"] == 1e-3 and len(rest["params"]) + len(graph["params"]) == len(list(model.parameters()))
     dense = synthetic_script.build_model("dense", 16, 32, 8, 0.1, True, {})
     assert synthetic_script.param_groups(dense, 1e-3, 0.3)[1]["params"] == []
+
+
+def test_compare_names_a_result_file_without_an_sbm_run(synthetic_script, tmp_path):
+    dense_only = tmp_path / "dense.json"
+    dense_only.write_text(json.dumps({"setup": {"seed": 0}, "runs": {"dense": {"log": []}}}))
+    with pytest.raises(SystemExit, match="dense.json: no SBM run"):
+        synthetic_script.main(["--compare", str(dense_only), "--out-dir", str(tmp_path)])
