@@ -26,6 +26,8 @@ def test_sst2_accuracy_is_within_five_points_of_dense():
 def test_repeated_tokens_sbm_approaches_full_attention_and_density_rises(synthetic_script):
     # Paper §5.1 / Figure 4 reduced to a CPU budget: N=64 and batch 64 instead of 256 (one layer, one head, width
     # 32, k=128, lr 1e-3 as in the paper); see scripts/sbm_synthetic.py for the setup and the full-size run.
+    # Seed 0 is one of the seeds that solve the task (2 of 5 at N=64; in others the density collapses to δ, see the
+    # SBM card): the runs are deterministic on CPU, so this guards the rise-then-solve behaviour against regressions.
     torch.set_num_threads(1)
     script = synthetic_script
     setup = {"length": 64, "batch": 64, "log_every": 100, "seed": 0}
