@@ -20,10 +20,10 @@ majority-class plateau (accuracy ≈ 0.63):
 
 For SBM the script uses the paper's straight-through estimator (Eq. 9, `ste_variant="paper"`), see
 `SBM_TASK_OVERRIDES`. At N=256 and batch 256 one SBM step takes about 1.1 s on one CPU thread (full attention
-0.25 s). Results are in the SBM model card and `scripts/results/sbm-synthetic/`: Figure 4 is reproduced at N=64, at
-N=128 and, at N=256 (`--batch 64 --lr 3e-3 --steps 3500`), in seeds 1, 2 and 5 of 0-7; in the other five the
-density rose to full attention and then collapsed to δ before the task was learned (the card says what was measured
-and tried). `--compare` plots the SBM runs of several result JSONs, one line per seed.
+0.25 s). Results are in the SBM model card and `scripts/results/sbm-synthetic/`: Figure 4 is reproduced in 2 of 5
+seeds at N=64, 4 of 5 at N=128 and 3 of 8 at N=256 (`--batch 64 --lr 3e-3 --steps 3500`, seeds 1, 2, 5); in the
+other runs the density rose to full attention and then collapsed to δ before the task was learned (the card says
+what was measured and tried). `--compare` plots the SBM runs of several result JSONs, one line per seed.
 """
 
 from __future__ import annotations
