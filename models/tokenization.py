@@ -26,6 +26,8 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .story_format import story_parts
+
 __all__ = [
     "SPECIAL_TOKENS",
     "SUPPORTED_EXTENSIONS",
@@ -45,9 +47,6 @@ SUPPORTED_EXTENSIONS: tuple[str, ...] = (".txt", ".jsonl", ".json", ".csv", ".ts
 # Column names picked automatically from a header when `text_column` is not given (GLUE single-sentence tasks use
 # `sentence`, most other corpora use `text`).
 _DEFAULT_TABLE_COLUMNS: tuple[str, ...] = ("text", "sentence")
-
-# The CNN/DailyMail `.story` format separates the article body from its summary sentences with this marker line.
-_HIGHLIGHT_MARKER = "@highlight"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -261,19 +260,7 @@ def _read_txt(path: Path) -> Iterator[str]:
 
 
 def _read_story(path: Path) -> Iterator[str]:
-    with path.open(encoding="utf-8") as handle:
-        lines = [line.strip() for line in handle]
-    article: list[str] = []
-    highlights: list[str] = []
-    in_highlight = False
-    for line in lines:
-        if not line:
-            continue
-        if line == _HIGHLIGHT_MARKER:
-            # Everything after the first marker is summary text; the marker itself is format noise.
-            in_highlight = True
-            continue
-        (highlights if in_highlight else article).append(line)
+    article, highlights = story_parts(path)
     yield from article
     yield from highlights
 

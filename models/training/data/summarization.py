@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ...story_format import story_parts
 from .records import DataReport, _check_row, _limit, _require_columns, _sample_key, read_records
 
-_HIGHLIGHT = "@highlight"
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 _S_TAG = re.compile(r"</?S>")
 
@@ -47,17 +47,7 @@ def read_story(path: str | Path) -> tuple[str, str]:
         `(article, summary)`: the article paragraphs joined with spaces, and the `@highlight` sentences joined with
         newlines (one summary sentence per line, as ROUGE-Lsum expects).
     """
-    article: list[str] = []
-    highlights: list[str] = []
-    in_highlight = False
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        if line == _HIGHLIGHT:
-            in_highlight = True
-            continue
-        (highlights if in_highlight else article).append(line)
+    article, highlights = story_parts(path)
     return " ".join(article), "\n".join(highlights)
 
 
