@@ -19,7 +19,7 @@ from ..core.masking import causal_bool_mask
 from ..kernels import dense_masked_attention, edge_attention, flatten_heads, unflatten_heads
 from ..kernels.csr import row_pointers
 from .configuration_sbm import SBMConfig
-from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern, fastrg_edges
+from .sampling import DenseMaskSTE, EdgeSTE, UnsampledPairsSTE, counter_uniform, edge_pattern, fastrg_edges
 
 _SITES = ("encoder", "decoder", "cross_attention")
 
@@ -285,6 +285,13 @@ class SBMAttention(ZooAttention):
                 # A float mask that requires grad makes SDPA use its math kernel and return the logit gradient.
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scaling)
                 out = out.masked_fill((row_counts == 0)[..., None], 0.0)
+            if cfg.ste_all_pairs and self.training:
+                with torch.no_grad():
+                    unsampled = bias < 0 if allowed is None else (bias < 0) & allowed
+                out, counts = UnsampledPairsSTE.apply(
+                    out, counts, probs, q.detach(), k.detach(), v.detach(), bias.detach(), unsampled, self.scaling,
+                    float(cfg.ste_clip), paper,
+                )  # fmt: skip
             attended_counts = row_counts.sum(-1)  # (B, H)
         else:
             generator = None

@@ -39,6 +39,13 @@ class SBMConfig(ZooConfig):
             multiplies the logits, so it receives the logit gradient times the logit.
         ste_clip (`float`, *optional*, defaults to 1.0):
             Clip (hardtanh) applied to the gradient of each sampled edge probability.
+        ste_all_pairs (`bool`, *optional*, defaults to `False`):
+            Also give the pairs that were *not* sampled a straight-through gradient: the gradient their mask entry
+            would get if the mask gated the softmax weights (`e^{s_ij} / Z_i` times the gain of adding key `j`, times
+            the logit for the `"paper"` variant), so the loss sees the cost of a missing edge. Not in the paper or
+            the official code (both give unsampled pairs zero); it keeps the density from collapsing on the
+            repeated-token task (see the model card). Needs `sampling_backend="bernoulli"`, since it scores every
+            pair (an O(N²) backward pass).
         shared_membership_mlp (`bool`, *optional*, defaults to `True`):
             One membership MLP per layer shared by all heads and by queries and keys (official code); `False` gives
             each head its own MLP (paper text).
@@ -91,6 +98,7 @@ class SBMConfig(ZooConfig):
     sparsity_weight: float | int = 0.0
     ste_variant: str = "official"
     ste_clip: float | int = 1.0
+    ste_all_pairs: bool = False
     shared_membership_mlp: bool = True
     membership_logit_bias: float | int = 0.0
     add_self_loops: bool = False
@@ -114,6 +122,11 @@ class SBMConfig(ZooConfig):
             raise ValueError(f"`ste_variant` must be one of {STE_VARIANTS}, got {self.ste_variant!r}.")
         if self.ste_clip <= 0:
             raise ValueError(f"`ste_clip` must be positive, got {self.ste_clip}.")
+        if self.ste_all_pairs and self.sampling_backend != "bernoulli":
+            raise ValueError(
+                "`ste_all_pairs=True` needs `sampling_backend='bernoulli'` (it scores every pair), got "
+                f"{self.sampling_backend!r}."
+            )
         if self.local_window < 0:
             raise ValueError(f"`local_window` must be >= 0 (0 disables it), got {self.local_window}.")
         if self.sampling_backend not in SAMPLING_BACKENDS:

@@ -14,7 +14,14 @@ from attnzoo.core.attention import DenseAttention
 from attnzoo.kernels import dense_masked_attention, edge_attention
 from attnzoo.sbm import SBMAttention, SBMConfig, SBMForConditionalGeneration, SBMForSequenceClassification
 from attnzoo.sbm.callbacks import SBMDensityCallback
-from attnzoo.sbm.sampling import DenseMaskSTE, EdgeSTE, counter_uniform, fastrg_edges, fastrg_multigraph
+from attnzoo.sbm.sampling import (
+    DenseMaskSTE,
+    EdgeSTE,
+    UnsampledPairsSTE,
+    counter_uniform,
+    fastrg_edges,
+    fastrg_multigraph,
+)
 
 
 def make_config(**overrides) -> SBMConfig:
@@ -104,18 +111,22 @@ def test_edge_list_equals_dense_masked_attention_for_a_fixed_mask():
 
 
 @pytest.mark.parametrize(
-    "backend,variant,training",
+    "backend,variant,training,all_pairs",
     [
-        ("bernoulli", "official", True),
-        ("bernoulli", "official", False),
-        ("bernoulli", "paper", True),
-        ("fastrg", "official", True),
-        ("fastrg", "official", False),
-        ("fastrg", "paper", True),
+        ("bernoulli", "official", True, False),
+        ("bernoulli", "official", False, False),
+        ("bernoulli", "paper", True, False),
+        ("bernoulli", "official", True, True),
+        ("bernoulli", "paper", True, True),
+        ("fastrg", "official", True, False),
+        ("fastrg", "official", False, False),
+        ("fastrg", "paper", True, False),
     ],
 )
-def test_fast_path_equals_reference_on_the_same_graph(backend, variant, training):
-    config = make_config(sampling_backend=backend, ste_variant=variant, sparsity_weight=0.5, local_window=4)
+def test_fast_path_equals_reference_on_the_same_graph(backend, variant, training, all_pairs):
+    config = make_config(
+        sampling_backend=backend, ste_variant=variant, sparsity_weight=0.5, local_window=4, ste_all_pairs=all_pairs
+    )
     results = []
     for reference in (False, True):
         config.attention_backend = "reference" if reference else "fast"
@@ -172,6 +183,69 @@ def test_ste_gradient_is_the_clipped_logit_gradient_on_sampled_edges_only(varian
     assert torch.all(probs.grad[~sampled] == 0)
     assert probs.grad.abs().max() <= 1.0
     assert (expected.abs() == 1.0).any(), "the test should exercise the clip"
+
+
+@pytest.mark.parametrize("variant", ["official", "paper"])
+def test_all_pairs_ste_gives_every_allowed_pair_its_gate_gradient(variant):
+    q, k, v = qkv(B=1, H=2, n=6, d=4)
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(1, 2, 6, 6, generator=gen, requires_grad=True)
+    allowed = torch.ones(1, 1, 6, 6, dtype=torch.bool)
+    allowed[..., 5] = False  # a padded key
+    sampled = (torch.rand(1, 2, 6, 6, generator=gen) < 0.5) & allowed
+    sampled[0, 0, 2] = False  # a row without edges
+    counts = sampled.sum((-1, -2)).float()
+    logits = (q, k, 0.5) if variant == "paper" else None
+    bias, counts = DenseMaskSTE.apply(probs, (~sampled).float(), None, counts, 1.0, logits)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.5)
+    empty = ~sampled.any(-1, keepdim=True)
+    out = out.masked_fill(empty, 0.0)
+    unsampled = (bias < 0) & allowed
+    out, counts = UnsampledPairsSTE.apply(out, counts, probs, q, k, v, bias, unsampled, 0.5, 1.0, variant == "paper")
+    grad_out = torch.randn(1, 2, 6, 4, generator=gen) * 10
+    ((out * grad_out).sum() + 0.03 * counts.sum()).backward()
+
+    # Definition: the mask as a continuous gate on the softmax weights, differentiated at the sampled 0/1 values.
+    gate = sampled.float().requires_grad_()
+    scores = q @ k.transpose(-1, -2) * 0.5
+    gated = gate * (scores - scores.amax(-1, keepdim=True)).exp()
+    ref = (gated / gated.sum(-1, keepdim=True).clamp(min=1e-30)) @ v
+    ((ref * grad_out).sum()).backward()
+    expected = gate.grad.masked_fill(empty, 0.0) * (scores if variant == "paper" else 1.0)
+    expected = (expected + 0.03).clamp(-1, 1).masked_fill(~allowed, 0.0)
+    torch.testing.assert_close(probs.grad, expected)
+    assert torch.all(probs.grad[0, 0, 2, :5] == 0.03), "a row without edges gets only the regulariser's gradient"
+    inner = expected.abs() < 1
+    assert (inner & ~sampled & allowed & ~empty).any(), "unsampled pairs must get an unclipped gate gradient"
+    assert (expected.abs() == 1.0).any(), "the test should exercise the clip"
+
+
+def test_all_pairs_ste_scores_no_padded_future_or_attended_pair(monkeypatch):
+    import attnzoo.sbm.attention_sbm as attention_sbm
+
+    seen, original = {}, UnsampledPairsSTE.apply
+
+    def record(*args):
+        seen["unsampled"], seen["bias"] = args[7], args[6]
+        return original(*args)
+
+    monkeypatch.setattr(attention_sbm.UnsampledPairsSTE, "apply", record)
+    config = make_config(ste_all_pairs=True, local_window=2)
+    attn = make_attention(config, is_causal=True).train()
+    key_valid = torch.tensor([[True] * 10, [True] * 7 + [False] * 3])
+    out = attn(torch.randn(2, 10, 32), key_valid)
+    out.hidden_states.sum().backward()
+    unsampled = seen["unsampled"]
+    assert not unsampled[1, :, :, 7:].any() and not unsampled[1, :, 7:].any()
+    assert not unsampled.triu(1).any()
+    assert not (unsampled & (seen["bias"] == 0)).any()
+    assert unsampled.any()
+    assert attn.clusters.grad.abs().sum() > 0
+
+
+def test_all_pairs_ste_needs_the_dense_backend():
+    with pytest.raises(ValueError, match="ste_all_pairs"):
+        make_config(ste_all_pairs=True, sampling_backend="fastrg")
 
 
 def test_regulariser_gradient_reaches_every_sampled_probability():
