@@ -251,6 +251,11 @@ def main(argv: list[str] | None = None) -> dict:
         default=SBM_TASK_OVERRIDES,
         help='SBMConfig fields as JSON, e.g. \'{"ste_variant": "paper"}\'',
     )
+    parser.add_argument(
+        "--ste-all-pairs",
+        action="store_true",
+        help="add ste_all_pairs=True to the SBM overrides (a straight-through gradient for unsampled pairs too)",
+    )
     parser.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon (the official LRA code: 1e-6)")
     parser.add_argument("--beta2", type=float, default=0.999, help="Adam beta2")
     parser.add_argument(
@@ -275,6 +280,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"wrote {args.out_dir / 'seeds.png'}")
         return {}
     torch.set_num_threads(args.threads)
+    if args.ste_all_pairs:
+        args.sbm_overrides = {**args.sbm_overrides, "ste_all_pairs": True}
     setup = {
         k: getattr(args, k)
         for k in (

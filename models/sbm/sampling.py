@@ -109,7 +109,9 @@ class UnsampledPairsSTE(torch.autograd.Function):
     weights, `∂L/∂m_ij = (e^{s_ij} / Z_i) (∂L/∂o_i · v_j - ∂L/∂o_i · o_i)` with `Z_i` the softmax normaliser over
     the attended keys of row `i` (times the logit `s_ij` for the paper's variant), plus the regulariser's gradient
     through the counts, clipped like the sampled pairs' gradient. On sampled pairs this expression is exactly the
-    gradient [`DenseMaskSTE`] passes on, so together they are the straight-through estimator on every pair. A row
+    gradient [`DenseMaskSTE`] passes on, so together they are the plain straight-through estimator `∂L/∂p := ∂L/∂m`
+    on every pair. (The official code's autograd computes this same `∂L/∂m` for every pair, since it multiplies the
+    softmax weights by the mask and renormalises, and then keeps only the sampled entries, `hardtanh(grad ⊙ M)`.) A row
     without any attended key has no such derivative (its output jumps from 0 to `v_j`): its pairs get only the
     regulariser's gradient. Dropout is not redrawn for unsampled pairs (their gate gradient is the one without it).
     """

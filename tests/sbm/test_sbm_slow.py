@@ -23,23 +23,27 @@ def test_sst2_accuracy_is_within_five_points_of_dense():
 
 @pytest.mark.slow
 @pytest.mark.timeout(5400)
-def test_repeated_tokens_sbm_approaches_full_attention_and_density_rises(synthetic_script):
+@pytest.mark.parametrize(
+    "seed,all_pairs",
+    [(0, False), (0, True), (2, True), (4, True)],
+    ids=["paper-ste-seed0", "all-pairs-seed0", "all-pairs-seed2", "all-pairs-seed4"],
+)
+def test_repeated_tokens_sbm_approaches_full_attention_and_density_rises(synthetic_script, seed, all_pairs):
     # Paper §5.1 / Figure 4 reduced to a CPU budget: N=64 and batch 64 instead of 256 (one layer, one head, width
     # 32, k=128, lr 1e-3 as in the paper); see scripts/sbm_synthetic.py for the setup and the full-size run.
-    # Seed 0 is one of the seeds that solve the task (2 of 5 at N=64; in others the density collapses to δ, see the
-    # SBM card): the runs are deterministic on CPU, so this guards the rise-then-solve behaviour against regressions.
+    # With the paper's estimator alone the density collapses to δ in 3 of 5 seeds (2 and 4 among them); seed 0 is
+    # one that solves it, pinned as a regression test. With `ste_all_pairs` every seed measured solves it, including
+    # seeds 2 and 4. The runs are deterministic on CPU.
     torch.set_num_threads(1)
     script = synthetic_script
-    setup = {"length": 64, "batch": 64, "log_every": 100, "seed": 0}
-    dense = script.train("dense", steps=2000, **setup)["log"]
-    sbm = script.train("sbm", steps=3000, **setup)["log"]
+    setup = {"length": 64, "batch": 64, "log_every": 100, "seed": seed}
+    overrides = {**script.SBM_TASK_OVERRIDES, "ste_all_pairs": all_pairs}
+    dense = script.train("dense", steps=3000, **setup)["log"]
+    sbm = script.train("sbm", steps=3000, sbm_overrides=overrides, **setup)["log"]
     majority = 1 - (1 - 1 / 64) ** 63  # share of repeated positions (≈ 0.63): the majority-class accuracy
     assert dense[0]["eval_accuracy"] < majority + 0.05, dense[0]  # starts at the plateau ...
     assert dense[-1]["eval_accuracy"] > 0.95, dense[-1]  # ... and full attention solves the task
-    assert sbm[-1]["eval_accuracy"] > 0.95 and sbm[-1]["eval_accuracy"] > dense[-1]["eval_accuracy"] - 0.05, (
-        sbm[-1],
-        dense[-1],
-    )
+    assert sbm[-1]["eval_accuracy"] > 0.95, sbm[-1]
     # Figure 4 (right): SBM starts near 25% density and drives itself towards full attention.
     assert 0.2 < sbm[0]["train_density"] < 0.35, sbm[0]
     assert sbm[-1]["train_density"] > sbm[0]["train_density"] + 0.5, (sbm[0], sbm[-1])

@@ -29,11 +29,12 @@ def test_lr_factor_warms_up_linearly_then_stays_or_decays_to_zero(synthetic_scri
 
 def test_cli_trains_both_families_records_the_setup_and_plots_seeds(synthetic_script, tmp_path):
     argv = ["--length", "16", "--batch", "4", "--steps", "4", "--log-every", "2", "--clusters", "8", "--seed", "3"]
-    argv += ["--warmup", "2", "--decay", "linear", "--beta2", "0.98", "--out-dir", str(tmp_path)]
+    argv += ["--warmup", "2", "--decay", "linear", "--beta2", "0.98", "--ste-all-pairs", "--out-dir", str(tmp_path)]
     synthetic_script.main(argv)
     results = json.loads((tmp_path / "repeated_tokens_N16.json").read_text())
     setup = results["setup"]
     assert (setup["warmup"], setup["decay"], setup["beta2"], setup["seed"]) == (2, "linear", 0.98, 3)
+    assert setup["sbm_overrides"] == {"ste_variant": "paper", "ste_all_pairs": True}
     for family in ("dense", "sbm"):
         log = results["runs"][family]["log"]
         assert [entry["step"] for entry in log] == [2, 4]
