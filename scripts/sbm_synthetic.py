@@ -105,7 +105,8 @@ def train(
     eval_batch: int = 256,
     seed: int = 0,
 ) -> dict:
-    """Train one model on fresh batches; return the log (step, train loss/accuracy, eval accuracy, density)."""
+    """Train one model on fresh batches; return the density of the first batch and the log (step, train
+    loss/accuracy, eval accuracy, density, averaged over the steps since the previous entry)."""
     torch.manual_seed(seed)
     model = build_model(
         family,
@@ -135,6 +136,8 @@ def train(
         loss_sum += loss.item()
         acc_sum += (logits.argmax(-1) == labels).float().mean().item()
         dens_sum += 1.0 if density is None else density.mean().item()
+        if step == 1:
+            initial_density = dens_sum  # the untrained model's density on the first batch
         seen += 1
         if step % log_every == 0 or step == steps:
             model.eval()
@@ -156,7 +159,7 @@ def train(
                 flush=True,
             )
             loss_sum, acc_sum, dens_sum, seen = 0.0, 0.0, 0.0, 0
-    return {"family": family, "log": log}
+    return {"family": family, "initial_density": initial_density, "log": log}
 
 
 def param_groups(model: torch.nn.Module, lr: float, sbm_lr_scale: float) -> list[dict]:

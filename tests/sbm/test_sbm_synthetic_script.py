@@ -40,6 +40,8 @@ def test_cli_trains_both_families_records_the_setup_and_plots_seeds(synthetic_sc
         assert [entry["step"] for entry in log] == [2, 4]
         assert all(0.0 <= entry["eval_accuracy"] <= 1.0 for entry in log)
     assert all(0.0 < entry["train_density"] <= 1.0 for entry in results["runs"]["sbm"]["log"])
+    assert 0.0 < results["runs"]["sbm"]["initial_density"] < 1.0
+    assert results["runs"]["dense"]["initial_density"] == 1.0
     assert (tmp_path / "repeated_tokens_N16.png").stat().st_size > 0
 
     synthetic_script.main(["--compare", str(tmp_path / "repeated_tokens_N16.json"), "--out-dir", str(tmp_path)])
