@@ -44,7 +44,8 @@ class SBMConfig(ZooConfig):
             would get if the mask gated the softmax weights (`e^{s_ij} / Z_i` times the gain of adding key `j`, times
             the logit for the `"paper"` variant), so the loss sees the cost of a missing edge. The official code
             computes this gradient for every pair and keeps the sampled ones only (`grad ⊙ M`), as does the paper;
-            keeping all of them stops the density collapse seen on the repeated-token task (see the model card).
+            keeping all of them made the density collapse seen on the repeated-token task rare (see the model
+            card).
             Needs `sampling_backend="bernoulli"`, since it scores every pair (an O(N²) backward pass).
         shared_membership_mlp (`bool`, *optional*, defaults to `True`):
             One membership MLP per layer shared by all heads and by queries and keys (official code); `False` gives
