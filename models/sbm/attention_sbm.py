@@ -289,8 +289,8 @@ class SBMAttention(ZooAttention):
                 with torch.no_grad():
                     unsampled = bias < 0 if allowed is None else (bias < 0) & allowed
                 out, counts = UnsampledPairsSTE.apply(
-                    out, counts, probs, q.detach(), k.detach(), v.detach(), bias.detach(), unsampled, self.scaling,
-                    float(cfg.ste_clip), paper,
+                    out, counts, probs, q.detach(), k.detach(), v.detach(), bias.detach(), unsampled,
+                    (row_counts == 0)[..., None], self.scaling, float(cfg.ste_clip), paper,
                 )  # fmt: skip
             attended_counts = row_counts.sum(-1)  # (B, H)
         else:

@@ -104,7 +104,8 @@ class DenseMaskSTE(torch.autograd.Function):
 class UnsampledPairsSTE(torch.autograd.Function):
     """Straight-through gradient of the pairs that were *not* sampled (dense backend, `ste_all_pairs=True`).
 
-    Forward passes the attention output and the per-`(batch, head)` edge counts through unchanged. Backward gives
+    Forward passes the attention output and the per-`(batch, head)` edge counts through unchanged; `empty`
+    `(B, H, n, 1)` marks the rows without an attended key (the forward already counted them). Backward gives
     every allowed, unsampled pair `(i, j)` the gradient its mask entry would get if the mask gated the softmax
     weights, `∂L/∂m_ij = (e^{s_ij} / Z_i) (∂L/∂o_i · v_j - ∂L/∂o_i · o_i)` with `Z_i` the softmax normaliser over
     the attended keys of row `i` (times the logit `s_ij` for the paper's variant), plus the regulariser's gradient
@@ -127,23 +128,23 @@ class UnsampledPairsSTE(torch.autograd.Function):
         v: Tensor,
         bias: Tensor,
         unsampled: Tensor,
+        empty: Tensor,
         scale: float,
         clip: float,
         paper: bool,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(out, q, k, v, bias, unsampled)
+        ctx.save_for_backward(out, q, k, v, bias, unsampled, empty)
         ctx.scale, ctx.clip, ctx.paper = scale, clip, paper
         return out.view_as(out), counts.view_as(counts)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor | None, grad_counts: Tensor | None):
-        out, q, k, v, bias, unsampled = ctx.saved_tensors
+        out, q, k, v, bias, unsampled, empty = ctx.saved_tensors
         grad = None
         if grad_out is not None:
             scores = (q @ k.transpose(-1, -2)) * ctx.scale  # (B, H, n, m)
             lse = torch.logsumexp(scores + bias, dim=-1, keepdim=True)  # log Z_i over the attended keys
-            empty = bias.amax(-1, keepdim=True) < 0  # rows without an attended key
             grad = (grad_out @ v.transpose(-1, -2)).sub_((grad_out * out).sum(-1, keepdim=True))  # (B, H, n, m)
             # e^{s_ij} / Z_i of an unsampled pair can exceed 1; the clip below bounds what reaches p.
             grad.mul_((scores - lse).clamp_(max=30.0).exp_()).masked_fill_(empty, 0.0)
@@ -154,7 +155,7 @@ class UnsampledPairsSTE(torch.autograd.Function):
             grad = reg.expand(bias.shape).clone() if grad is None else grad.add_(reg)
         if grad is not None:
             grad = grad.clamp_(-ctx.clip, ctx.clip).masked_fill_(~unsampled, 0.0)
-        return grad_out, grad_counts, grad, None, None, None, None, None, None, None, None
+        return grad_out, grad_counts, grad, None, None, None, None, None, None, None, None, None
 
 
 class EdgeSTE(torch.autograd.Function):

@@ -201,7 +201,8 @@ def test_all_pairs_ste_gives_every_allowed_pair_its_gate_gradient(variant):
     empty = ~sampled.any(-1, keepdim=True)
     out = out.masked_fill(empty, 0.0)
     unsampled = (bias < 0) & allowed
-    out, counts = UnsampledPairsSTE.apply(out, counts, probs, q, k, v, bias, unsampled, 0.5, 1.0, variant == "paper")
+    paper = variant == "paper"
+    out, counts = UnsampledPairsSTE.apply(out, counts, probs, q, k, v, bias, unsampled, empty, 0.5, 1.0, paper)
     grad_out = torch.randn(1, 2, 6, 4, generator=gen) * 10
     ((out * grad_out).sum() + 0.03 * counts.sum()).backward()
 
