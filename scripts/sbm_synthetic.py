@@ -184,52 +184,54 @@ def lr_factor(step: int, steps: int, warmup: int, decay: str) -> float:
 
 def plot(results: dict, path: Path) -> None:
     """Figure 4 style: loss (left), accuracy (middle) and SBM mask density (right) against the training step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for name, run in results["runs"].items():
-        steps = [e["step"] for e in run["log"]]
-        axes[0].plot(steps, [e["train_loss"] for e in run["log"]], label=name)
-        axes[1].plot(steps, [e["eval_accuracy"] for e in run["log"]], label=name)
-        axes[2].plot(steps, [e["train_density"] for e in run["log"]], label=name)
-    axes[0].set_ylabel("training loss")
-    axes[1].set_ylabel("eval token accuracy")
-    axes[2].set_ylabel("mean mask density")
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.legend()
-    fig.suptitle(f"Finding repeated tokens, N={results['setup']['length']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    lines = [
+        (name, run["log"], [[e[key] for e in run["log"]] for key in ("train_loss", "eval_accuracy", "train_density")])
+        for name, run in results["runs"].items()
+    ]
+    ylabels = ("training loss", "eval token accuracy", "mean mask density")
+    title = f"Finding repeated tokens, N={results['setup']['length']}"
+    plot_panels(lines, ylabels, title, path, figsize=(13, 3.6))
 
 
 def plot_seeds(paths: list[Path], path: Path) -> None:
     """Eval accuracy (left) and mask density (right) of the SBM run in each of several result JSONs, one line each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    lines = []
     for source in paths:
         results = json.loads(source.read_text())
         if "sbm" not in results.get("runs", {}):
             raise SystemExit(f"{source}: no SBM run in this result file (runs: {sorted(results.get('runs', {}))})")
         log = results["runs"]["sbm"]["log"]
+        values = [[e[key] for e in log] for key in ("eval_accuracy", "train_density")]
+        lines.append((f"seed {results['setup']['seed']}", log, values))
+    title = "SBM on finding repeated tokens, one run per seed"
+    plot_panels(lines, ("eval token accuracy", "mean mask density"), title, path, figsize=(10, 3.6), legend_size=8)
+
+
+def plot_panels(
+    lines: list[tuple[str, list[dict], list[list[float]]]],
+    ylabels: tuple[str, ...],
+    title: str,
+    path: Path,
+    figsize: tuple[float, float],
+    legend_size: float | None = None,
+) -> None:
+    """One panel per y-label, against the training step; each line is `(label, log, values per panel)`. Every
+    panel cycles through the same colours in the same order, so a label has one colour in all panels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(ylabels), figsize=figsize)
+    for label, log, values in lines:
         steps = [e["step"] for e in log]
-        label = f"seed {results['setup']['seed']}"
-        line = axes[0].plot(steps, [e["eval_accuracy"] for e in log], label=label)[0]
-        axes[1].plot(steps, [e["train_density"] for e in log], color=line.get_color(), label=label)
-    axes[0].set_ylabel("eval token accuracy")
-    axes[1].set_ylabel("mean mask density")
-    for ax in axes:
+        for ax, ys in zip(axes, values, strict=True):
+            ax.plot(steps, ys, label=label)
+    for ax, ylabel in zip(axes, ylabels, strict=True):
+        ax.set_ylabel(ylabel)
         ax.set_xlabel("step")
-        ax.legend(fontsize=8)
-    fig.suptitle("SBM on finding repeated tokens, one run per seed")
+        ax.legend(fontsize=legend_size)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
