@@ -1,39 +1,60 @@
 #!/usr/bin/env bash
 # One entry point for a fresh clone: sets everything up (a .venv with the pinned CPU torch and attnzoo installed),
 # then runs the requested task.
-#   bash scripts/run.sh test   -> the default test suite (slow and GPU tests are skipped)
-#   bash scripts/run.sh demo   -> trains a tokenizer and tiny models on bundled data and prints the results
+#   bash scripts/run.sh test         -> the default test suite (slow and GPU tests are skipped) against the newest
+#                                       transformers release pip resolves, as a new user gets it
+#   bash scripts/run.sh test-oldest  -> the same suite against the oldest supported transformers release
+#                                       (5.17.0, the GPU machine's), in a second environment (.venv-oldest)
+#   bash scripts/run.sh demo         -> trains a tokenizer and tiny models on bundled data and prints the results
 set -euo pipefail
 cd "$(dirname "$0")/.."
 task="${1:-test}"
 shift || true
 PY="${PYTHON:-python3}"
 TORCH_VERSION="${ATTNZOO_TORCH_VERSION:-2.13.0}"
+# Lower end of `transformers>=...` in pyproject.toml; CI tests both ends of the range.
+OLDEST_TRANSFORMERS="5.17.0"
 
-if [ ! -x .venv/bin/python ]; then
-    "$PY" -m venv .venv
-fi
-# Installing the pinned torch first keeps pip from resolving `torch` to the newest CUDA build.
-if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-    .venv/bin/pip install --quiet --upgrade pip
-    .venv/bin/pip install --quiet "torch==$TORCH_VERSION"
-fi
-if ! .venv/bin/python -c "import attnzoo, pytest, ruff, matplotlib" 2>/dev/null \
-    || [ pyproject.toml -nt .venv/.attnzoo-installed ]; then
-    .venv/bin/pip install --quiet -e ".[dev,plots]"
-    touch .venv/.attnzoo-installed
-fi
+# setup_venv DIR [EXTRA_REQUIREMENT...]: create DIR with the pinned torch and attnzoo (editable, dev + plots extras).
+setup_venv() {
+    local venv="$1"
+    shift
+    if [ ! -x "$venv/bin/python" ]; then
+        "$PY" -m venv "$venv"
+    fi
+    # Installing the pinned torch first keeps pip from resolving `torch` to the newest CUDA build.
+    if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" \
+        2>/dev/null; then
+        "$venv/bin/pip" install --quiet --upgrade pip
+        "$venv/bin/pip" install --quiet "torch==$TORCH_VERSION"
+    fi
+    local stamp="$venv/.attnzoo-installed"
+    if ! "$venv/bin/python" -c "import attnzoo, pytest, ruff, matplotlib" 2>/dev/null \
+        || [ pyproject.toml -nt "$stamp" ] || [ "$*" != "$(cat "$stamp" 2>/dev/null)" ]; then
+        "$venv/bin/pip" install --quiet -e ".[dev,plots]" "$@"
+        echo "$*" >"$stamp"
+    fi
+}
+
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 case "$task" in
     test)
+        setup_venv .venv
+        .venv/bin/python -c "import transformers, torch; print(f'transformers {transformers.__version__}, torch {torch.__version__}')"
         .venv/bin/python -m pytest "$@"
         ;;
+    test-oldest)
+        setup_venv .venv-oldest "transformers==$OLDEST_TRANSFORMERS"
+        .venv-oldest/bin/python -c "import transformers, torch; print(f'transformers {transformers.__version__}, torch {torch.__version__}')"
+        .venv-oldest/bin/python -m pytest "$@"
+        ;;
     demo)
+        setup_venv .venv
         .venv/bin/python scripts/demo.py "$@"
         ;;
     *)
-        echo "usage: bash scripts/run.sh {test|demo} [extra args]" >&2
+        echo "usage: bash scripts/run.sh {test|test-oldest|demo} [extra args]" >&2
         exit 2
         ;;
 esac

@@ -1,9 +1,11 @@
-"""Test configuration: offline mode, deterministic threads, GPU skipping, and optional extra families."""
+"""Test configuration: offline mode, GPU skipping, optional extra families, and no deprecated transformers API."""
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -26,3 +28,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+class _DeprecationLog(logging.Handler):
+    """Collects the deprecation notices transformers writes to its logger (its `warnings` are errors, see
+    `filterwarnings` in pyproject.toml)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "deprecat" in record.getMessage().lower():
+            self.messages.append(record.getMessage())
+
+
+@pytest.fixture(autouse=True)
+def no_transformers_deprecation_notices() -> Iterator[None]:
+    """The package must use the installed release's current names (`attnzoo.core.compat`): a deprecated call fails
+    the test that makes it, so the next transformers release cannot remove something under us unseen."""
+    handler = _DeprecationLog()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    if handler.messages:
+        pytest.fail("transformers logged a deprecation: " + " | ".join(dict.fromkeys(handler.messages)))

@@ -96,12 +96,11 @@ class ZooAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Project queries, keys and values, reading/updating the KV cache. Returns `(B, H, N, d)` tensors."""
         q = self._split(self.q_proj(hidden_states))
         if self.is_cross_attention:
-            cache = past_key_values
             if isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(self.layer_idx):
                 layer = cache.cross_attention_cache.layers[self.layer_idx]
                 return q, layer.keys, layer.values
@@ -113,13 +112,9 @@ class ZooAttention(nn.Module):
             return q, k, v
         k = self._split(self.k_proj(hidden_states))
         v = self._split(self.v_proj(hidden_states))
-        if past_key_values is not None:
-            cache = (
-                past_key_values.self_attention_cache
-                if isinstance(past_key_values, EncoderDecoderCache)
-                else past_key_values
-            )
-            k, v = cache.update(k, v, self.layer_idx)
+        if cache is not None:
+            self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+            k, v = self_cache.update(k, v, self.layer_idx)
         return q, k, v
 
     def forward(
@@ -127,7 +122,7 @@ class ZooAttention(nn.Module):
         hidden_states: torch.Tensor,
         key_valid: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> AttentionOutput:
         """
@@ -136,16 +131,16 @@ class ZooAttention(nn.Module):
             key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): True at real (non-padding) keys over the
                 whole key sequence (cache included). `None` means every key is real.
             key_value_states (`torch.Tensor` of shape `(B, Nk, D)`, *optional*): encoder states (cross-attention).
-            past_key_values ([`~transformers.Cache`], *optional*): KV cache (decoder only).
+            cache ([`~transformers.Cache`], *optional*): KV cache (decoder only).
             output_attentions (`bool`): also return dense `(B, H, Nq, Nk)` attention probabilities.
         """
-        q, k, v = self.project_qkv(hidden_states, key_value_states, past_key_values)
+        q, k, v = self.project_qkv(hidden_states, key_value_states, cache)
         out = self.attend(
             q,
             k,
             v,
             key_valid,
-            query_offset=self.query_offset(q, k, past_key_values),
+            query_offset=self.query_offset(q, k, cache),
             output_attentions=output_attentions,
             **self.attend_inputs(hidden_states),
         )
@@ -153,7 +148,7 @@ class ZooAttention(nn.Module):
         out.hidden_states = self.o_proj(merged)
         return out
 
-    def query_offset(self, q: torch.Tensor, k: torch.Tensor, past_key_values: Cache | None) -> int:
+    def query_offset(self, q: torch.Tensor, k: torch.Tensor, cache: Cache | None) -> int:
         """Position of the first query: queries of an incremental decoding step sit after the cached keys."""
         return k.shape[2] - q.shape[2] if self.is_causal else 0
 

@@ -79,14 +79,14 @@ class DecoderLayer(GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor,
         self_key_valid: torch.Tensor | None = None,
         encoder_key_valid: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """Returns hidden states, self-attention weights, cross-attention weights and the summed auxiliary loss."""
         attn = self.self_attn(
             self.self_attn_residual.norm_input(hidden_states),
             self_key_valid,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
         )
         hidden_states = self.self_attn_residual.add(hidden_states, attn.hidden_states)
@@ -94,7 +94,7 @@ class DecoderLayer(GradientCheckpointingLayer):
             self.cross_attn_residual.norm_input(hidden_states),
             encoder_key_valid,
             key_value_states=encoder_hidden_states,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
         )
         hidden_states = self.cross_attn_residual.add(hidden_states, cross.hidden_states)

@@ -13,10 +13,12 @@ import torch
 import transformers.initialization as init
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import EncoderDecoderCache
 from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import BaseModelOutput
 
 from .attention import DenseAttention, ZooAttention
+from .compat import CACHE_NAME, LEGACY_CACHE_NAME, cache_field, get_cache, resolve_cache
 from .configuration import ZooConfig
 from .heads import ClassificationHead, MaskedLMHead
 from .masking import key_valid_from_attention_mask
@@ -64,7 +66,7 @@ class ZooPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules: ClassVar[list[str]] = ["EncoderLayer", "DecoderLayer"]
-    _skip_keys_device_placement: ClassVar[list[str]] = ["past_key_values"]
+    _skip_keys_device_placement: ClassVar[list[str]] = [CACHE_NAME, LEGACY_CACHE_NAME]
     #: attention of the encoder's self-attention layers
     attention_class: ClassVar[type[ZooAttention]] = DenseAttention
     #: attention of the decoder's causal self-attention (dense unless the method supports causal use)
@@ -363,7 +365,7 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
         decoder_input_ids: torch.Tensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: ZooModelOutput | tuple | None = None,
-        past_key_values=None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
@@ -372,16 +374,20 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
     ) -> ZooSeq2SeqLMOutput | tuple:
         """
         Args:
             decoder_input_ids (`torch.LongTensor` of shape `(batch, target_len)`, *optional*): built from `labels`
                 by shifting right when omitted.
             encoder_outputs (*optional*): precomputed encoder outputs (as `generate()` passes them).
-            past_key_values ([`~transformers.EncoderDecoderCache`], *optional*): decoder KV cache.
+            cache ([`~transformers.EncoderDecoderCache`], *optional*): decoder KV cache.
             labels (`torch.LongTensor` of shape `(batch, target_len)`, *optional*): target ids (not shifted), -100
                 where ignored. The loss is computed without a further shift.
+            past_key_values ([`~transformers.EncoderDecoderCache`], *optional*): the cache's name before
+                transformers 5.24 (deprecated there); same as `cache`.
         """
+        cache = resolve_cache(cache, past_key_values)
         oa, oh, return_dict = self.resolve_output_flags(output_attentions, output_hidden_states, return_dict)
         if labels is not None:
             use_cache = False
@@ -407,7 +413,7 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
             enc_states,
             attention_mask=decoder_attention_mask,
             encoder_key_valid=encoder_key_valid,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
             inputs_embeds=decoder_inputs_embeds,
             output_attentions=oa,
@@ -423,7 +429,7 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
         result = ZooSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=dec.past_key_values,
+            **cache_field(get_cache(dec)),
             decoder_hidden_states=dec.hidden_states,
             decoder_attentions=dec.attentions,
             cross_attentions=dec.cross_attentions,

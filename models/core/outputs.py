@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers.modeling_outputs import (
     BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
     MaskedLMOutput,
     Seq2SeqLMOutput,
     SequenceClassifierOutput,
@@ -30,11 +31,10 @@ class ZooModelOutput(BaseModelOutput):
 
 
 @dataclass
-class ZooDecoderOutput(BaseModelOutput):
-    """Decoder output: `last_hidden_state`, cache, and optional per-layer tuples."""
+class ZooDecoderOutput(BaseModelOutputWithPastAndCrossAttentions):
+    """Decoder output: `last_hidden_state`, the cache (under the installed transformers release's field name, see
+    `attnzoo.core.compat`), optional per-layer tuples and the summed auxiliary loss."""
 
-    past_key_values: object | None = None
-    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
     aux_loss: torch.FloatTensor | None = None
 
 

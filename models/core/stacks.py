@@ -7,6 +7,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from .attention import ZooAttention
+from .compat import cache_field
 from .configuration import ZooConfig
 from .layers import DecoderLayer, EncoderLayer
 from .masking import key_valid_from_attention_mask
@@ -161,15 +162,15 @@ class Decoder(nn.Module):
         encoder_hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         encoder_key_valid: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         use_cache: bool = False,
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool = False,
         output_hidden_states: bool = False,
     ) -> ZooDecoderOutput:
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        past_length = cache.get_seq_length() if cache is not None else 0
         batch, length = check_inputs(
             input_ids,
             inputs_embeds,
@@ -195,7 +196,7 @@ class Decoder(nn.Module):
                 encoder_hidden_states,
                 self_key_valid,
                 encoder_key_valid,
-                past_key_values if use_cache else None,
+                cache if use_cache else None,
                 output_attentions,
             )
             if output_attentions:
@@ -211,7 +212,7 @@ class Decoder(nn.Module):
                 all_hidden[-1] = hidden_states
         return ZooDecoderOutput(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
+            **cache_field(cache if use_cache else None),
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
             cross_attentions=tuple(all_cross) if output_attentions else None,

@@ -257,18 +257,18 @@ class FSATAttention(ZooAttention):
         hidden_states: torch.Tensor,
         key_valid: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         output_attentions: bool = False,
     ) -> AttentionOutput:
         """
         Args:
             hidden_states (`torch.Tensor` of shape `(B, N, D)`): encoder hidden states.
             key_valid (`torch.BoolTensor` of shape `(B, N)`, *optional*): True at real tokens; `None` = all real.
-            key_value_states, past_key_values: must be `None` (FSAT is encoder self-attention only).
+            key_value_states, cache: must be `None` (FSAT is encoder self-attention only).
             output_attentions (`bool`): also return the dense `(B, H, N, N)` weights applied to the values
                 (softmax probabilities times confidences; zeros off the edge set).
         """
-        if key_value_states is not None or past_key_values is not None:
+        if key_value_states is not None or cache is not None:
             raise ValueError("FSATAttention is encoder self-attention only: no cross-attention and no KV cache.")
         B, N, _ = hidden_states.shape
         cross = self.pooled_cross(hidden_states, key_valid)  # (B, N, D)

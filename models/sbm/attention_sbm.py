@@ -222,14 +222,14 @@ class SBMAttention(ZooAttention):
             density = float((expected + delta * total) / total.clamp(min=1))
         return "fastrg" if density < self.config.auto_density_threshold else "bernoulli"
 
-    def query_offset(self, q: torch.Tensor, k: torch.Tensor, past_key_values: Cache | None) -> int:
+    def query_offset(self, q: torch.Tensor, k: torch.Tensor, cache: Cache | None) -> int:
         """As [`ZooAttention.query_offset`]; cross-attention also gets its queries' decoder positions, so that
         eval-mode draws of a pair are the same with and without the KV cache."""
-        if self.is_cross_attention and isinstance(past_key_values, EncoderDecoderCache):
+        if self.is_cross_attention and isinstance(cache, EncoderDecoderCache):
             # The decoder layer has already appended this step to its self-attention cache.
-            cached = past_key_values.self_attention_cache.get_seq_length(self.layer_idx)
+            cached = cache.self_attention_cache.get_seq_length(self.layer_idx)
             return max(cached - q.shape[2], 0)
-        return super().query_offset(q, k, past_key_values)
+        return super().query_offset(q, k, cache)
 
     # ----- compute ---------------------------------------------------------------------------------------------
 

@@ -189,8 +189,8 @@ def test_causal_decoding_with_cache_equals_the_full_sequence():
     x = torch.randn(2, 9, HIDDEN, dtype=torch.float64)
     full = attn(x).hidden_states
     cache = DynamicCache(config=_config())
-    steps = [attn(x[:, :4], past_key_values=cache).hidden_states]
-    steps += [attn(x[:, t : t + 1], past_key_values=cache).hidden_states for t in range(4, 9)]
+    steps = [attn(x[:, :4], cache=cache).hidden_states]
+    steps += [attn(x[:, t : t + 1], cache=cache).hidden_states for t in range(4, 9)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-12, rtol=0)
 
 

@@ -12,6 +12,7 @@ from transformers import (
     AutoModelForSequenceClassification,
 )
 
+from attnzoo.core.compat import enable_activation_checkpointing, get_cache
 from attnzoo.registry import FAMILIES
 from attnzoo.testing import load_config
 
@@ -114,7 +115,7 @@ def test_gradient_checkpointing_equals_plain_forward(model_type, head):
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model, {"use_reentrant": False})
     assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     torch.manual_seed(123)
     loss_ckpt = loss_of(model, head, inputs)
@@ -268,16 +269,16 @@ def test_cached_decoder_logits_equal_full_recomputation(model_type):
         out = model(**inputs, decoder_input_ids=dec[:, :5], use_cache=True)
         steps = [out.logits]
         encoder_outputs = (out.encoder_last_hidden_state,)
-        past = out.past_key_values
+        past = get_cache(out)
         for t in range(5, dec.shape[1]):
             out = model(
                 attention_mask=inputs["attention_mask"],
                 encoder_outputs=encoder_outputs,
                 decoder_input_ids=dec[:, t : t + 1],
-                past_key_values=past,
+                cache=past,
                 use_cache=True,
             )
-            past = out.past_key_values
+            past = get_cache(out)
             steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import attnzoo.sbm  # noqa: F401  (registers the family)
 from attnzoo.core.attention import DenseAttention
+from attnzoo.core.compat import get_cache
 from attnzoo.kernels import dense_masked_attention, edge_attention
 from attnzoo.sbm import SBMAttention, SBMConfig, SBMForConditionalGeneration, SBMForSequenceClassification
 from attnzoo.sbm.callbacks import SBMDensityCallback
@@ -415,7 +416,7 @@ def test_incremental_decoding_matches_full_decoding_in_eval():
     full = model(input_ids=ids, decoder_input_ids=dec).logits
     enc = model.get_encoder()(input_ids=ids)
     step = model(encoder_outputs=enc, decoder_input_ids=dec[:, :5], use_cache=True)
-    last = model(encoder_outputs=enc, decoder_input_ids=dec[:, 5:], past_key_values=step.past_key_values)
+    last = model(encoder_outputs=enc, decoder_input_ids=dec[:, 5:], cache=get_cache(step))
     torch.testing.assert_close(last.logits[:, -1], full[:, -1], atol=1e-5, rtol=1e-4)
     generated = model.generate(input_ids=ids, max_new_tokens=4, num_beams=2)
     assert generated.shape[0] == 2

@@ -10,6 +10,7 @@ from transformers import AutoConfig, AutoModel
 
 import attnzoo.sparse_transformer  # noqa: F401  (registers the family)
 from attnzoo.core.attention import DenseAttention
+from attnzoo.core.compat import get_cache
 from attnzoo.sparse_transformer import SparseTransformerAttention, SparseTransformerConfig
 from attnzoo.sparse_transformer.attention_sparse_transformer import (
     PatternSpec,
@@ -49,7 +50,7 @@ def make_attention(layer_idx: int = 0, is_causal: bool = False, **overrides) -> 
 
 
 @pytest.mark.parametrize(
-    ("pattern", "causal", "shape"), itertools.product(["strided", "fixed"], [False, True], SHAPES)
+    ("pattern", "causal", "shape"), list(itertools.product(["strided", "fixed"], [False, True], SHAPES))
 )
 def test_pattern_masks_equal_brute_force_sets(pattern, causal, shape):
     n, stride, c = shape
@@ -337,17 +338,17 @@ def test_seq2seq_cached_decoding_equals_full_recomputation(overrides):
     with torch.no_grad():
         full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, use_cache=False).logits
         out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec[:, :5], use_cache=True)
-        steps, past = [out.logits], out.past_key_values
+        steps, past = [out.logits], get_cache(out)
         for t in range(5, dec.shape[1]):
             out = model(
                 encoder_outputs=(out.encoder_last_hidden_state,),
                 attention_mask=mask,
                 decoder_input_ids=dec[:, t : t + 1],
-                past_key_values=past,
+                cache=past,
                 use_cache=True,
             )
             steps.append(out.logits)
-            past = out.past_key_values
+            past = get_cache(out)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
     kwargs = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": None, "no_repeat_ngram_size": 1}
     with_cache = model.generate(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs)
