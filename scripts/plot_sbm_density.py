@@ -61,11 +61,12 @@ def encode(args: DensityArguments, model: torch.nn.Module) -> torch.Tensor:
 
 @torch.no_grad()
 def measure_density(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-    """Density per encoder layer and head, `(num_layers, num_heads)` (the model output's `attention_density`)."""
+    """Density per encoder layer and head, `(num_layers, num_heads)` (the model output's `attention_density`,
+    averaged over the batch)."""
     out = model(input_ids=input_ids)
     if out.attention_density is None:
         raise ValueError("The model did not report attention densities.")
-    return out.attention_density
+    return out.attention_density.mean(0)
 
 
 def read_logged_density(path: str) -> dict[str, tuple[list[int], list[float]]]:

@@ -67,7 +67,7 @@ class TokenClassifier(torch.nn.Module):
         position_ids = None if positions else torch.zeros_like(ids)
         out = self.encoder(input_ids=ids, position_ids=position_ids)
         density = getattr(out, "attention_density", None)
-        return self.head(out.last_hidden_state), density  # (B, N, 2), (layers, heads) | None
+        return self.head(out.last_hidden_state), density  # (B, N, 2), (B, layers, heads) | None
 
 
 def build_model(

@@ -198,7 +198,7 @@ class A2FormerAttention(ZooAttention):
 
     @torch.no_grad()
     def _density(self, i0, i1, w1, row_valid, key_valid, num_keys) -> torch.Tensor:
-        """Per head: distinct keys with non-zero weight per query / real keys of the sample, averaged over queries."""
+        """`(B, H)`: distinct keys with non-zero weight per query / real keys of the sample, averaged over queries."""
         keys = torch.cat((i0.masked_fill(w1 >= 1, -1), i1.masked_fill(w1 <= 0, -1)), -1).sort(-1).values
         distinct = ((keys[..., 1:] != keys[..., :-1]) & (keys[..., 1:] >= 0)).sum(-1) + (keys[..., 0] >= 0).long()
         real = float(num_keys) if key_valid is None else key_valid.sum(-1).clamp(min=1).float().view(-1, 1, 1)
@@ -207,4 +207,4 @@ class A2FormerAttention(ZooAttention):
         if key_valid is not None:
             # Padded queries (the last Nq keys are the queries in self-attention) do not count.
             rows = rows & key_valid[:, None, -frac.shape[-1] :]
-        return (frac * rows).sum((0, 2)) / rows.sum((0, 2)).clamp(min=1)
+        return (frac * rows).sum(2) / rows.sum(2).clamp(min=1)

@@ -30,8 +30,9 @@ class AttentionOutput:
             Dense attention probabilities (zeros off the sparsity pattern), only when `output_attentions=True`.
         aux_loss (`torch.Tensor`, *optional*):
             Scalar auxiliary loss of this layer (e.g. a density regulariser), added to the task loss by the heads.
-        density (`torch.Tensor` of shape `(heads,)`, *optional*):
-            Fraction of valid (query, key) pairs each head attended to; `None` for dense attention.
+        density (`torch.Tensor` of shape `(batch, heads)`, *optional*):
+            Fraction of each example's valid (query, key) pairs each head attended to (per example, so that an
+            example's outputs never depend on the rest of its batch); `None` for dense attention.
     """
 
     hidden_states: torch.Tensor

@@ -11,7 +11,7 @@ from .attention import AttentionOutput, ZooAttention
 from .configuration import ZooConfig
 from .feedforward import FeedForward
 
-# What a layer returns: hidden states, attention weights, auxiliary loss, per-head density (the last three optional).
+# What a layer returns: hidden states, attention weights, auxiliary loss, `(B, H)` density (the last three optional).
 LayerOutput = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 
 

@@ -7,6 +7,7 @@ Layout of the parameters (identical for every family and head, so checkpoints mo
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar
 
 import torch
@@ -93,6 +94,11 @@ class ZooPreTrainedModel(PreTrainedModel):
             bool(output_hidden_states if output_hidden_states is not None else config.output_hidden_states),
             bool(return_dict if return_dict is not None else config.return_dict),
         )
+
+    def encoder_label_scope(self, labels: torch.Tensor | None) -> contextlib.AbstractContextManager:
+        """Context in which a head runs its encoder: a family whose encoder trains on the head's labels (Smart
+        Bird's sketch) hands them over here; the default does nothing. Heads validate `labels` before it."""
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -218,16 +224,17 @@ class ZooForMaskedLM(_EncoderHeadMixin, ZooPreTrainedModel):
             labels (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): target ids, -100 where ignored.
             num_items_in_batch (`int`, *optional*): number of target tokens in the accumulated batch (Trainer).
         """
-        out, return_dict = self.run_encoder(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
-            return_dict,
-        )
+        with self.encoder_label_scope(labels):
+            out, return_dict = self.run_encoder(
+                input_ids,
+                attention_mask,
+                token_type_ids,
+                position_ids,
+                inputs_embeds,
+                output_attentions,
+                output_hidden_states,
+                return_dict,
+            )
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
@@ -274,20 +281,22 @@ class ZooForSequenceClassification(_EncoderHeadMixin, ZooPreTrainedModel):
             labels (`torch.Tensor` of shape `(batch,)` or `(batch, num_labels)`, *optional*): class ids in
                 `[0, num_labels)`, regression targets (`num_labels == 1`) or multi-hot targets.
         """
-        out, return_dict = self.run_encoder(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_attentions,
-            output_hidden_states,
-            return_dict,
-        )
+        if labels is not None:
+            self._check_labels(labels)
+        with self.encoder_label_scope(labels):
+            out, return_dict = self.run_encoder(
+                input_ids,
+                attention_mask,
+                token_type_ids,
+                position_ids,
+                inputs_embeds,
+                output_attentions,
+                output_hidden_states,
+                return_dict,
+            )
         logits = self.classifier(out.last_hidden_state, attention_mask)
         loss = None
         if labels is not None:
-            self._check_labels(labels)
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
             loss = add_aux_loss(loss, out.aux_loss, self.config.aux_loss_coef, labels, None)
         result = ZooSequenceClassifierOutput(
@@ -395,15 +404,16 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if encoder_outputs is None:
-            encoder_outputs = self.model.encoder(
-                input_ids,
-                attention_mask,
-                token_type_ids,
-                None,
-                inputs_embeds,
-                output_attentions=oa,
-                output_hidden_states=oh,
-            )
+            with self.encoder_label_scope(labels):
+                encoder_outputs = self.model.encoder(
+                    input_ids,
+                    attention_mask,
+                    token_type_ids,
+                    None,
+                    inputs_embeds,
+                    output_attentions=oa,
+                    output_hidden_states=oh,
+                )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = ZooModelOutput(*encoder_outputs)
         enc_states = encoder_outputs.last_hidden_state

@@ -22,8 +22,9 @@ class ZooModelOutput(BaseModelOutput):
     Args:
         aux_loss (`torch.FloatTensor`, *optional*):
             Sum over layers of the attention auxiliary losses (unweighted); `None` when no layer has one.
-        attention_density (`torch.FloatTensor` of shape `(num_layers, num_heads)`, *optional*):
-            Fraction of valid (query, key) pairs each head of each layer attended to; `None` for dense attention.
+        attention_density (`torch.FloatTensor` of shape `(batch, num_layers, num_heads)`, *optional*):
+            Fraction of each example's valid (query, key) pairs each head of each layer attended to; `None` for
+            dense attention. Average over the batch (`.mean(0)`) for a per-layer, per-head figure.
     """
 
     aux_loss: torch.FloatTensor | None = None

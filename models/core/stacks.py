@@ -131,7 +131,7 @@ class Encoder(nn.Module):
             # Auxiliary losses are training terms; a scalar in eval outputs would also break beam search, which
             # repeats every encoder output along the batch dimension.
             aux_loss=torch.stack(aux_losses).sum() if aux_losses and self.training else None,
-            attention_density=torch.stack(densities) if len(densities) == len(self.layers) else None,
+            attention_density=torch.stack(densities, dim=1) if len(densities) == len(self.layers) else None,
         )
         return out if return_dict else out.to_tuple()
 

@@ -318,7 +318,7 @@ class FSATAttention(ZooAttention):
         lengths = valid.sum(-1)  # (B,)
         edges = self.select_edges(self.predict_indices(cross, lengths), valid)
         conf = self.confidences(edges)
-        density = self.edge_density(edges, lengths, H, N)
+        density = self.edge_density(edges, lengths, B, H, N)
         if output_attentions or self.config.attention_backend == "reference":
             out, weights = self.edge_reference(q, k, v, edges, conf)
             return AttentionOutput(
@@ -360,10 +360,10 @@ class FSATAttention(ZooAttention):
         return torch.matmul(weights, v), weights
 
     @staticmethod
-    def edge_density(edges: FSATEdges, lengths: torch.Tensor, num_heads: int, length: int) -> torch.Tensor:
-        """Fraction `(H,)` of real (query, key) pairs joined by at least one edge, per head."""
+    def edge_density(edges: FSATEdges, lengths: torch.Tensor, batch: int, num_heads: int, length: int) -> torch.Tensor:
+        """Fraction `(B, H)` of each example's real (query, key) pairs joined by at least one edge, per head."""
         with torch.no_grad():
             pairs = torch.unique(edges.rows * length + edges.cols % length)
-            heads = (pairs // (length * length)) % num_heads
-            per_head = torch.bincount(heads, minlength=num_heads).to(torch.float32)
-            return per_head / (lengths.to(torch.float32) ** 2).sum().clamp(min=1.0)
+            owner = pairs // (length * length)  # flat (b, h) of each distinct pair
+            per_head = torch.bincount(owner, minlength=batch * num_heads).to(torch.float32).view(batch, num_heads)
+            return per_head / (lengths.to(torch.float32) ** 2).clamp(min=1.0)[:, None]

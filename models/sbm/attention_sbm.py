@@ -346,5 +346,5 @@ class SBMAttention(ZooAttention):
             # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
             # expanded along dim 0 by beam search).
             aux_loss = None
-        density = (attended_counts.sum(0) / total_pairs).detach()  # (H,)
+        density = (attended_counts / pairs.clamp(min=1.0)[:, None]).detach()  # (B, H), per example
         return AttentionOutput(hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density)

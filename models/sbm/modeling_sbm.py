@@ -28,7 +28,7 @@ class SBMPreTrainedModel(ZooPreTrainedModel):
 
 class SBMModel(SBMPreTrainedModel, ZooModel):
     """SBM-Transformer encoder (BERT layout) returning hidden states, the density regulariser as `aux_loss` and the
-    per-layer, per-head mask density as `attention_density` `(num_layers, num_heads)`."""
+    per-example, per-layer, per-head mask density as `attention_density` `(batch, num_layers, num_heads)`."""
 
 
 class SBMForMaskedLM(SBMPreTrainedModel, ZooForMaskedLM):

@@ -91,10 +91,10 @@ class SmartBirdAttention(ZooAttention):
 
     @staticmethod
     def _density(valid: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:
-        """Per head: attended pairs over all valid (real query, real key) pairs."""
-        B, H, N, _ = valid.shape
+        """`(B, H)`: attended pairs over the example's valid (real query, real key) pairs."""
+        N = valid.shape[2]
         if key_valid is None:
-            return valid.sum((0, 2, 3)).float() / (B * N * N)
-        attended = (valid & key_valid[:, None, :, None]).sum((0, 2, 3)).float()
-        pairs = (key_valid.sum(-1).float() ** 2).sum().clamp(min=1.0)
-        return attended / pairs
+            return valid.sum((2, 3)).float() / (N * N)
+        attended = (valid & key_valid[:, None, :, None]).sum((2, 3)).float()
+        pairs = (key_valid.sum(-1).float() ** 2).clamp(min=1.0)  # (B,)
+        return attended / pairs[:, None]

@@ -40,8 +40,8 @@ class SmartBirdModel(SmartBirdPreTrainedModel, ZooModel):
     >>> import torch, attnzoo
     >>> model = attnzoo.SmartBirdModel(attnzoo.SmartBirdConfig(vocab_size=1000, hidden_size=64))
     >>> out = model(torch.randint(5, 1000, (2, 128)), output_attentions=True)
-    >>> out.attention_density.shape  # (layers, heads): about K / N of the pairs
-    torch.Size([2, 4])
+    >>> out.attention_density.shape  # (batch, layers, heads): about K / N of the pairs
+    torch.Size([2, 2, 4])
     ```
     """
 

@@ -9,7 +9,6 @@ returned through the encoder output's `aux_loss`; sampling is not differentiable
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -192,7 +191,8 @@ class SmartBirdEncoder(Encoder):
 
 
 class SketchTaskMixin:
-    """Head mixin: runs the model's forward with its labels registered as the sketch's targets."""
+    """Head mixin: the head's labels are the sketch's targets (through the core heads' `encoder_label_scope`), so
+    every head keeps the core's explicit `forward` signature."""
 
     #: the sketch loss this head trains with (one of `SKETCH_TASKS`)
     sketch_task: ClassVar[str] = "classification"
@@ -201,14 +201,9 @@ class SketchTaskMixin:
         super().__init__(config)
         self.model.encoder.sketch.set_task(self.sketch_task, frozen=config.sketch_freeze)
 
-    def forward(self, *args, **kwargs):
-        parent = super().forward
-        labels = inspect.signature(parent).bind_partial(*args, **kwargs).arguments.get("labels")
-        if labels is not None and hasattr(self, "_check_labels"):
-            # The sketch loss runs inside the encoder, before the head would validate the labels.
-            self._check_labels(labels)
-        with self.model.encoder.sketch_targets(self.sketch_task, labels):
-            return parent(*args, **kwargs)
+    def encoder_label_scope(self, labels: torch.Tensor | None) -> contextlib.AbstractContextManager:
+        """The head's labels become the sketch's training targets while the encoder runs."""
+        return self.model.encoder.sketch_targets(self.sketch_task, labels)
 
 
 @torch.no_grad()

@@ -414,7 +414,8 @@ class SparseTransformerAttention(ZooAttention):
         else:
             out = AttentionOutput(hidden_states=self.fast_attention(q, k, v, key_valid))
         if not incremental:
-            out.density = self.density(k_len, q.device)
+            # The pattern does not depend on the example: every row of the batch has the same density.
+            out.density = self.density(k_len, q.device).expand(q.shape[0], -1)
         return out
 
     def fast_attention(self, q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor | None) -> Tensor:

@@ -266,9 +266,9 @@ def test_attention_weights_and_density():
     assert weights.shape == (3, HEADS, 24, 24)
     assert not weights[2, :, :, 5:].any()  # no weight on padding
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, HEADS, 24))
-    density = out.attention_density  # (layers, H)
+    density = out.attention_density  # (B, layers, H)
     # Initial positions are integers: at most K distinct keys per query.
-    assert density.shape == (2, HEADS) and (density > 0).all() and (density <= POINTS / 5).all()
+    assert density.shape == (3, 2, HEADS) and (density > 0).all() and (density <= POINTS / 5).all()
 
 
 def test_linear_weight_mode_starts_uniform():

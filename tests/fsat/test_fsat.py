@@ -225,7 +225,7 @@ def test_output_attentions_are_the_weights_applied_to_the_values():
     v = module._split(module.v_proj(cross))
     expected = module.o_proj((weights @ v).transpose(1, 2).reshape(B, N, D))
     torch.testing.assert_close(out.hidden_states, expected, rtol=1e-5, atol=1e-6)
-    assert out.density.shape == (H,) and bool((out.density > 0).all()) and bool((out.density <= 1).all())
+    assert out.density.shape == (B, H) and bool((out.density > 0).all()) and bool((out.density <= 1).all())
 
 
 def test_fat_ablation_is_dense_attention_over_the_pooled_cross():

@@ -78,7 +78,7 @@ def test_all_ones_probabilities_equal_dense_attention(training):
     ref = dense(x, key_valid)
     torch.testing.assert_close(out.hidden_states[0], ref.hidden_states[0])
     torch.testing.assert_close(out.hidden_states[1, :7], ref.hidden_states[1, :7])
-    torch.testing.assert_close(out.density, torch.ones(4))
+    torch.testing.assert_close(out.density, torch.ones(2, 4))
 
 
 def test_block_matrix_sums_to_one_and_probabilities_in_unit_interval():

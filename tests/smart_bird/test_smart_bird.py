@@ -234,9 +234,9 @@ def test_fast_path_equals_reference_path_in_outputs_and_gradients():
         results.append((out.hidden_states, q.grad, k.grad, v.grad, out.density))
     for fast, ref in zip(*results, strict=True):
         torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
-    # Density: K of the real keys per real query.
-    expected = (6 * (41 + 50)) / (41**2 + 50**2)
-    torch.testing.assert_close(results[0][4], torch.full((H,), expected))
+    # Density, per example: K of the example's real keys per real query.
+    expected = torch.tensor([6 / 41, 6 / 50])[:, None].expand(B, H)
+    torch.testing.assert_close(results[0][4], expected)
 
 
 def test_attention_weights_live_only_on_sampled_real_keys():
