@@ -1,10 +1,10 @@
 """A²-Former attention: every query attends to K points at learned fractional positions, read by interpolation.
 
 Selection (:meth:`A2FormerAttention.sample_positions`): offsets predicted per head from the query token are added to
-the query's own index (the meta position), bounded to the sample's real tokens (and to the past when causal) and
-split into two integer neighbours plus an interpolation weight. Compute: [`interpolated_attention`] (CSR SDDMM /
-SpMM with 2K edges per query) or, with `attention_backend="reference"`, the dense interpolation matrix on the same
-positions and weights.
+the query's own index (the meta position), bounded to the span of the sample's real tokens (and to the past when
+causal) and split into its two neighbouring real keys plus an interpolation weight. Compute:
+[`interpolated_attention`] (CSR SDDMM / SpMM with 2K edges per query) or, with `attention_backend="reference"` (and
+`output_attentions=True`), the dense interpolation matrix on the same positions and weights.
 """
 
 from __future__ import annotations
@@ -30,10 +30,14 @@ def spread_offsets(num_heads: int, num_points: int) -> torch.Tensor:
 class A2FormerAttention(ZooAttention):
     """A²-Former self-attention (Zhang et al., 2023), multi-head in the Deformable-DETR style.
 
-    For query `i` and head `h`: `p = i + offset_scale * (x_i W_off + b_off)` (K points), bounded to the real tokens
-    of the sample (`[first, last]`, contiguous padding assumed) and, when causal, to `[first, i + query_offset]`.
-    Keys and values are interpolated at `p` from the projected K/V (interpolation commutes with the affine
-    projections), the K points are weighted by a softmax over `<q, k~> / sqrt(d)` (or over a learned linear map of
+    For query `i` and head `h`: `p = i + offset_scale * (x_i W_off + b_off)` (K points), bounded to the span of the
+    sample's real tokens (`[first, last]`) and, when causal, to `[first, i + query_offset]`. Keys and values are
+    interpolated at `p` from the projected K/V (interpolation commutes with the affine projections) between the
+    nearest real keys on either side of `p`: masked keys (padding, or holes anywhere in the attention mask) never
+    receive weight, exactly as a dense model's masked keys. A point that lands in a hole reads the linear
+    interpolation of the real keys at the hole's two edges (the hole is bridged, as if its tokens were absent); on
+    a real key it reads that key, and without holes this is plain interpolation between `floor(p)` and
+    `floor(p) + 1`. The K points are weighted by a softmax over `<q, k~> / sqrt(d)` (or over a learned linear map of
     `x_i` with `attention_weights="linear"`), and `out = sum_k alpha_k v~_k`. Deterministic, so eval and training
     differ only by dropout. Decoder use is supported (`is_causal=True`, works with the KV cache since a query's
     positions depend only on its own token and index); cross-attention is not (the paper defines none).
@@ -101,11 +105,17 @@ class A2FormerAttention(ZooAttention):
         index = torch.arange(num_keys, device=device)
         first = torch.where(key_valid, index, num_keys).amin(-1)
         last = torch.where(key_valid, index, -1).amax(-1)
-        count = key_valid.sum(-1)
-        # Interpolating between the ends of a span would read the padding in a hole.
-        if bool(((count > 0) & (count != last - first + 1)).any()):
-            raise ValueError("A2FormerAttention needs the real tokens of each sample to be contiguous (no holes).")
         return first.float(), last.float()
+
+    @staticmethod
+    def real_neighbours(key_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For every key position `j`, the nearest real key at or before `j` and at or after `j`, `(B, Nk)` long
+        each (-1 / `Nk` where there is none)."""
+        num_keys = key_valid.shape[-1]
+        index = torch.arange(num_keys, device=key_valid.device).expand_as(key_valid)
+        before = torch.where(key_valid, index, -1).cummax(-1).values
+        after = torch.where(key_valid, index, num_keys).flip(-1).cummin(-1).values.flip(-1)
+        return before, after
 
     def sample_positions(
         self, offsets: torch.Tensor, key_valid: torch.Tensor | None, num_keys: int, query_offset: int = 0
@@ -114,13 +124,15 @@ class A2FormerAttention(ZooAttention):
 
         Args:
             offsets (`torch.Tensor` of shape `(B, H, Nq, K)`): offsets in tokens from the meta position.
-            key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): real keys.
+            key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): real keys (any pattern, holes included).
             num_keys (`int`): key length `Nk`.
             query_offset (`int`): absolute index of the first query (cached keys before it).
 
         Returns:
-            positions `(B, H, Nq, K)` (float, differentiable), `i0`, `i1` `(B, H, Nq, K)` (long neighbours),
-            `row_valid` `(B, 1, Nq, 1)` (bool: the query has at least one key to look at).
+            positions `(B, H, Nq, K)` (float, differentiable), `i0`, `i1` `(B, H, Nq, K)` (long: the nearest real
+            keys at or before / after the position, `i0 <= position <= i1`, equal when the position is on the last
+            allowed key), `row_valid` `(B, 1, Nq, 1)` (bool: the query has at least one key to look at). The
+            interpolation weight of `i1` is `(position - i0) / max(i1 - i0, 1)` (see :meth:`interpolation_weight`).
         """
         B, _, Nq, _ = offsets.shape
         first, last = self.key_span(key_valid, B, num_keys, offsets.device)
@@ -139,9 +151,25 @@ class A2FormerAttention(ZooAttention):
             span = hi - lo
             folded = torch.remainder(raw - lo, torch.clamp(2.0 * span, min=1.0))
             positions = torch.where(span > 0, lo + span - (span - folded).abs(), lo)
-        i0 = torch.minimum(positions.detach().floor(), hi).long()
-        i1 = torch.minimum(i0 + 1, hi.long())
+        floor = torch.minimum(positions.detach().floor(), hi).long()  # in [lo, hi]
+        if key_valid is None:
+            return positions, floor, torch.minimum(floor + 1, hi.long()), row_valid.expand(B, 1, Nq, 1)
+        before, after = self.real_neighbours(key_valid)
+        shape = floor.shape
+        flat = floor.reshape(B, -1)
+        i0 = before.gather(1, flat).view(shape).clamp(min=0)  # a real key: `lo` is one and lo <= floor
+        # The right neighbour of the interval `[floor, floor + 1)`, which is `floor` itself only on the last key.
+        nxt = torch.minimum(flat + 1, torch.full_like(flat, num_keys - 1))
+        i1 = after.gather(1, nxt).view(shape)
+        # Past the last allowed key (the end of the span, or the query itself when causal) only i0 remains.
+        i1 = torch.where(i1 > hi.long(), i0, i1)
         return positions, i0, i1, row_valid.expand(B, 1, Nq, 1)
+
+    @staticmethod
+    def interpolation_weight(positions: torch.Tensor, i0: torch.Tensor, i1: torch.Tensor) -> torch.Tensor:
+        """Weight of the right neighbour `i1` (differentiable in the positions): `(p - i0) / (i1 - i0)`, 0 when
+        `i1 == i0`."""
+        return torch.where(i1 > i0, (positions - i0) / (i1 - i0).clamp(min=1), 0.0)
 
     def attend(
         self,
@@ -166,7 +194,7 @@ class A2FormerAttention(ZooAttention):
             raise ValueError("A2FormerAttention.attend needs `offsets` (see `predict_offsets`); call the module.")
         num_keys = k.shape[2]
         positions, i0, i1, row_valid = self.sample_positions(offsets, key_valid, num_keys, query_offset)
-        w1 = positions - i0  # carries the position gradient
+        w1 = self.interpolation_weight(positions, i0, i1)  # carries the position gradient
         logit_bias = point_logits
         if not bool(row_valid.all()):
             # Rows without any real key: -inf on every point gives exact zeros.
@@ -183,13 +211,11 @@ class A2FormerAttention(ZooAttention):
             "dropout_p": self.dropout,
         }
         weights = None
-        if self.config.attention_backend == "reference":
+        # Returned weights are part of the graph (a user may differentiate through them), as in the other families.
+        if output_attentions or self.config.attention_backend == "reference":
             out, weights = interpolated_attention_reference(q, k, v, i0, i1, w1, **kwargs)
         else:
             out = interpolated_attention(q, k, v, i0, i1, w1, **kwargs)
-            if output_attentions:
-                with torch.no_grad():
-                    weights = interpolated_attention_reference(q, k, v, i0, i1, w1, **kwargs)[1]
         return AttentionOutput(
             hidden_states=out,
             attn_weights=weights if output_attentions else None,

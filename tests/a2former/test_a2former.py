@@ -226,12 +226,62 @@ def test_padding_never_changes_real_outputs_exactly():
     assert torch.equal(alone[0], out[1, :17])
 
 
-def test_holes_in_the_attention_mask_are_rejected():
+def test_keys_in_holes_of_the_mask_get_no_weight_and_never_change_real_outputs():
     model = A2FormerModel(_config()).eval()
     ids, mask = _model_inputs()
-    mask[0, 3] = 0
-    with pytest.raises(ValueError, match="contiguous"):
-        model(input_ids=ids, attention_mask=mask)
+    mask[0, 3:9] = 0  # a masked span inside the real tokens
+    mask[1, 10] = 0  # a one-token hole
+    out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    for weights in out.attentions:  # (B, H, N, N)
+        assert not weights.permute(0, 2, 1, 3)[~mask.bool()[:, None, None, :].expand(-1, 24, HEADS, -1)].any()
+        torch.testing.assert_close(weights.sum(-1), torch.ones(3, HEADS, 24), rtol=0, atol=1e-6)
+    other_ids = ids.masked_fill(mask == 0, 7)
+    changed = model(input_ids=other_ids, attention_mask=mask, output_attentions=True).last_hidden_state
+    assert torch.equal(changed[mask.bool()], out.last_hidden_state[mask.bool()])
+
+
+def _bridged_reference(attn, q, k, v, offsets, key_valid):
+    """Dense A² attention from the rule itself: each point interpolates between the nearest real keys around it."""
+    B, H, N, K = offsets.shape
+    interp = torch.zeros(B, H, N, K, N, dtype=q.dtype)
+    for b in range(B):
+        real = key_valid[b].nonzero().flatten().tolist()
+        for i in range(N):
+            allowed = [j for j in real if not attn.is_causal or j <= i]
+            if not allowed:
+                continue
+            for h in range(H):
+                for s in range(K):
+                    p = (i + offsets[b, h, i, s]).clamp(allowed[0], allowed[-1])
+                    left = max(j for j in allowed if j <= p)
+                    right = min(j for j in allowed if j >= p)
+                    w = (p - left) / (right - left) if right > left else p * 0.0
+                    interp[b, h, i, s, left] = interp[b, h, i, s, left] + 1 - w
+                    interp[b, h, i, s, right] = interp[b, h, i, s, right] + w
+    scores = torch.einsum("bhnd,bhnsm,bhmd->bhns", q, interp, k) * attn.scaling
+    rows = interp.sum((-1, -2)) > 0  # (B, H, N): queries with at least one allowed key
+    probs = torch.where(rows[..., None], scores.softmax(-1), 0.0)
+    return torch.einsum("bhns,bhnsm,bhmd->bhnd", probs, interp, v)
+
+
+@pytest.mark.parametrize("backend", ["fast", "reference"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_holes_match_a_dense_reference_of_the_bridging_rule(backend, causal):
+    attn = _attention(is_causal=causal, attention_backend=backend)
+    N = 14
+    key_valid = torch.ones(2, N, dtype=torch.bool)
+    key_valid[0, [0, 4, 5, 6, 9, 13]] = False  # left padding, a 3-token hole, a 1-token hole, right padding
+    key_valid[1, 2:12] = False  # one long hole: every point between the two ends bridges it
+    q, k, v = _qkv(2, N)
+    g = torch.Generator().manual_seed(1)
+    offsets = (torch.randn(2, HEADS, N, POINTS, generator=g, dtype=torch.float64) * 4).requires_grad_(True)
+    out = attn.attend(q, k, v, key_valid, offsets=offsets).hidden_states
+    expected = _bridged_reference(attn, q, k, v, offsets, key_valid)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v, offsets))
+    expected_grads = torch.autograd.grad(expected.pow(2).sum(), (q, k, v, offsets))
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("weights", ["dot_product", "linear"])
