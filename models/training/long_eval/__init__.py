@@ -1,0 +1,53 @@
+"""Long-input evaluation: does a family that reads the whole document beat dense attention that reads its start?
+
+`scripts/run_long_eval.py` is the command; the pieces are the tasks ([`tasks`]: IMDB tokens, LRA Text bytes, LRA
+ListOps), one training run at an equal budget ([`runner`]), the grid with resume ([`evaluate`]), the reports
+([`report`]) and the measurements behind the table ([`diagnostics`]).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..modeling import parse_config_overrides
+from .evaluate import Row, TaskPlan, planned_runs, run_long_eval
+from .runner import Budget, ModelSize, RunSpec, collate, evaluate, train_and_evaluate
+from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, read_reviews, split_reviews, text_task
+
+#: The shipped 2,500 IMDB reviews (a source checkout's fixture; pass another file with `reviews_file`).
+DEFAULT_REVIEWS_FILE = (
+    Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "data" / "imdb" / "train_subset_2500.tsv"
+)
+
+
+def parse_variant(text: str) -> Row:
+    """`"fsat:index_scale=max_length,num_global_tokens=0"` -> a [`Row`] with those config overrides."""
+    model_type, _, overrides = text.partition(":")
+    if not overrides:
+        raise ValueError(f"A variant looks like FAMILY:FIELD=VALUE[,FIELD=VALUE], got {text!r}.")
+    fields: dict[str, Any] = parse_config_overrides(overrides)
+    return Row(model_type.strip(), fields)
+
+
+__all__ = [
+    "DEFAULT_REVIEWS_FILE",
+    "TASK_NAMES",
+    "Budget",
+    "ModelSize",
+    "Row",
+    "RunSpec",
+    "TaskData",
+    "TaskPlan",
+    "collate",
+    "evaluate",
+    "imdb_task",
+    "listops_task",
+    "parse_variant",
+    "planned_runs",
+    "read_reviews",
+    "run_long_eval",
+    "split_reviews",
+    "text_task",
+    "train_and_evaluate",
+]

@@ -1,0 +1,85 @@
+"""Measurements that explain how a family reads a long input (the why behind the long-input table).
+
+- [`cls_receptive_field`]: which input positions can change the pooled token's final state at all, found exactly by
+  autograd (the positions whose embedding gradient is non-zero), in eval mode.
+- [`gradient_norms`]: gradient norm of each encoder layer's parameters after one training step's backward.
+- [`padding_attention_share`]: share of attention probability that lands on padded keys (must be 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def cls_receptive_field(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[int]:
+    """Number of real positions that reach the first token's last hidden state, per example.
+
+    Args:
+        model: a `<Prefix>Model` or a head whose `base_model` is one (put in eval mode here).
+        input_ids / attention_mask: `(B, N)`.
+    """
+    base = model.base_model
+    base.eval()
+    embeddings = base.get_input_embeddings()(input_ids).detach().requires_grad_(True)  # (B, N, D)
+    hidden = base(inputs_embeds=embeddings, attention_mask=attention_mask).last_hidden_state  # (B, N, D)
+    # Summing over the batch keeps examples separate: example b's CLS state depends on example b's inputs only.
+    (grad,) = torch.autograd.grad(hidden[:, 0].pow(2).sum(), embeddings)
+    reached = (grad.abs().sum(-1) > 0) & attention_mask.bool()  # (B, N)
+    return reached.sum(-1).tolist()
+
+
+def gradient_norms(model: torch.nn.Module) -> dict[str, float]:
+    """L2 norm of the gradients of the embeddings, of each encoder layer and of the head, after `backward()`."""
+    groups: dict[str, list[torch.Tensor]] = {}
+    for name, param in model.named_parameters():
+        if param.grad is None:
+            continue
+        if ".layers." in name:
+            layer = name.split(".layers.")[1].split(".")[0]
+            key = f"layer {layer}"
+        elif "embeddings" in name:
+            key = "embeddings"
+        else:
+            key = "head"
+        groups.setdefault(key, []).append(param.grad.detach().float().pow(2).sum())
+    return {key: float(torch.stack(parts).sum().sqrt()) for key, parts in sorted(groups.items())}
+
+
+@torch.no_grad()
+def padding_attention_share(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> list[float]:
+    """Per layer, the largest share of any real query's attention that falls on padded keys (eval mode)."""
+    model.eval()
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
+    padded = ~attention_mask.bool()  # (B, N)
+    real_query = attention_mask.bool()[:, None, :, None]  # (B, 1, N, 1)
+    shares: list[float] = []
+    for weights in out.attentions:  # (B, H, N, N)
+        on_padding = (weights * padded[:, None, None, :]).sum(-1, keepdim=True)  # (B, H, N, 1)
+        shares.append(float(on_padding.masked_fill(~real_query, 0).max()))
+    return shares
+
+
+def describe(model: torch.nn.Module) -> dict[str, Any]:
+    """The config fields that set how far a family reads (for the diagnostics table)."""
+    config = model.config
+    keys = (
+        "classifier_pooling",
+        "num_global_tokens",
+        "num_sample_points",
+        "offset_bias_init",
+        "num_samples",
+        "sketch_hidden_size",
+        "sparse_pattern",
+        "sparse_stride",
+        "sparse_head_assignment",
+        "num_dominant_indices",
+        "num_random_indices",
+        "index_scale",
+        "num_clusters",
+        "sampling_backend",
+    )
+    return {k: getattr(config, k) for k in keys if hasattr(config, k)}

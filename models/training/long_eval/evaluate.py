@@ -1,0 +1,147 @@
+"""The whole evaluation: build every task at every length once, run every row, and keep the results file current.
+
+Runs are appended to `long_eval.json` as they finish and skipped when already there (same task, row label and length,
+same budget and size), so a long CPU evaluation can be interrupted and resumed with the same command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .report import load_results, save_results, write_reports
+from .runner import Budget, ModelSize, RunSpec, train_and_evaluate
+from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, text_task
+
+logger = logging.getLogger(__name__)
+
+DENSE = "dense_transformer"
+
+
+@dataclass(frozen=True)
+class Row:
+    """
+    A model row of the table: a family with config overrides, run at the given lengths of every task.
+
+    Args:
+        model_type: key of `attnzoo.registry.FAMILIES`.
+        overrides: config fields on top of the family defaults.
+        label: display name (default: model_type plus overrides).
+    """
+
+    model_type: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    def spec(self, length: int) -> RunSpec:
+        return RunSpec(self.model_type, length, dict(self.overrides), self.label)
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """
+    Lengths of one task: every row runs at `lengths`; the plain dense row also at `dense_lengths` (its baselines).
+
+    Args:
+        task: one of `TASK_NAMES`.
+        lengths: input lengths of every row.
+        dense_lengths: extra lengths of the plain dense row (e.g. 512 for the truncated baseline).
+    """
+
+    task: str
+    lengths: tuple[int, ...]
+    dense_lengths: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.task not in TASK_NAMES:
+            raise ValueError(f"Unknown task {self.task!r}; expected one of {TASK_NAMES}.")
+        if not self.lengths and not self.dense_lengths:
+            raise ValueError(f"Task {self.task!r} has no lengths to run.")
+
+
+def build_task(name: str, length: int, reviews_file: str | Path | None, validation_size: int) -> TaskData:
+    """The task encoded at `length` (IMDB and Text read `reviews_file`)."""
+    if name == "listops":
+        return listops_task(length, validation_size=validation_size)
+    if reviews_file is None:
+        raise ValueError(f"Task {name!r} needs `reviews_file` (a text<TAB>label TSV of IMDB reviews).")
+    if name == "imdb":
+        return imdb_task(reviews_file, length, validation_size=validation_size)
+    return text_task(reviews_file, length, validation_size=validation_size)
+
+
+def planned_runs(plans: Sequence[TaskPlan], rows: Sequence[Row]) -> list[tuple[str, RunSpec]]:
+    """`(task, spec)` for every task, row and length, the dense baselines included, without repeats."""
+    runs: list[tuple[str, RunSpec]] = []
+    seen: set[tuple[str, str]] = set()
+    plain_dense = Row(DENSE)
+    for plan in plans:
+        specs = [row.spec(length) for row in rows for length in plan.lengths]
+        specs += [plain_dense.spec(length) for length in plan.dense_lengths]
+        for spec in specs:
+            if (plan.task, spec.key) not in seen:
+                seen.add((plan.task, spec.key))
+                runs.append((plan.task, spec))
+    return runs
+
+
+def run_long_eval(
+    output_dir: str | Path,
+    plans: Sequence[TaskPlan],
+    rows: Sequence[Row],
+    *,
+    size: ModelSize | None = None,
+    budget: Budget | None = None,
+    reviews_file: str | Path | None = None,
+    validation_size: int = 500,
+    settings_note: dict[str, Any] | None = None,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) the evaluation and write `long_eval.json`, `long_eval.md` and `long_eval.png`.
+
+    Returns:
+        The results dictionary (`settings`, `task_info`, `runs`).
+
+    Raises:
+        ValueError: The results file in `output_dir` was made with a different size or budget (start a new folder).
+    """
+    size, budget = size or ModelSize(), budget or Budget()
+    output_dir = Path(output_dir)
+    path = output_dir / "long_eval.json"
+    results = load_results(path)
+    settings = {
+        "size": dataclasses.asdict(size),
+        "budget": dataclasses.asdict(budget),
+        "validation_size": validation_size,
+        "torch_threads": torch.get_num_threads(),
+        **(settings_note or {}),
+    }
+    previous = results.get("settings")
+    if previous and (previous["size"], previous["budget"]) != (settings["size"], settings["budget"]):
+        raise ValueError(f"{path} holds runs with another size or budget ({previous}); use a new output folder.")
+    results["settings"] = {**(previous or {}), **settings}
+    results.setdefault("task_info", {})
+    done = {(r["task"], f"{r['label']}@{r['length']}") for r in results["runs"]}
+    tasks: dict[tuple[str, int], TaskData] = {}
+    for task_name, spec in planned_runs(plans, rows):
+        if (task_name, spec.key) in done:
+            continue
+        if (task_name, spec.length) not in tasks:
+            tasks[(task_name, spec.length)] = build_task(task_name, spec.length, reviews_file, validation_size)
+        task = tasks[(task_name, spec.length)]
+        results["task_info"].setdefault(task_name, {})[str(spec.length)] = task.info
+        logger.info("running %s on %s", spec.key, task_name)
+        record = train_and_evaluate(task, spec, size, budget)
+        results["runs"].append(record)
+        save_results(path, results)
+        write_reports(output_dir, results)
+        if on_result is not None:
+            on_result(record)
+    write_reports(output_dir, results)
+    return results

@@ -1,0 +1,170 @@
+"""Train and evaluate one family at one input length with a fixed budget (the same for every family)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import get_linear_schedule_with_warmup
+
+from ...registry import FAMILIES
+from .tasks import PAD_ID, Example, TaskData
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Encoder size shared by every family of a comparison (the issue's CPU setting by default)."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 512
+
+
+@dataclass(frozen=True)
+class Budget:
+    """
+    Training budget, identical for every family and length of a comparison.
+
+    Args:
+        steps / batch_size: optimizer steps and examples per step.
+        learning_rate / warmup_steps / weight_decay: AdamW with linear warm-up, then linear decay to 0.
+        seed: model initialisation and data order (and the ListOps training stream).
+        eval_batch_size: validation batch size (does not change the result).
+        max_grad_norm: gradient clipping.
+    """
+
+    steps: int = 600
+    batch_size: int = 8
+    learning_rate: float = 5e-4
+    warmup_steps: int = 60
+    weight_decay: float = 0.01
+    seed: int = 0
+    eval_batch_size: int = 32
+    max_grad_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """
+    One row of the table: a family at a length, with config overrides (an ablation) and a display label.
+
+    Args:
+        model_type: key of `attnzoo.registry.FAMILIES`.
+        length: longest input in tokens.
+        overrides: config fields on top of the family defaults (e.g. `{"num_global_tokens": 0}`).
+        label: row name in the reports; defaults to the model_type plus the overrides.
+    """
+
+    model_type: str
+    length: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.model_type not in FAMILIES:
+            raise ValueError(f"Unknown family {self.model_type!r}; registered: {sorted(FAMILIES)}.")
+        if not self.label:
+            suffix = ",".join(f"{k}={v}" for k, v in sorted(self.overrides.items()))
+            object.__setattr__(self, "label", self.model_type + (f" [{suffix}]" if suffix else ""))
+
+    @property
+    def key(self) -> str:
+        """Identifies a run inside one results file (task + key), so an interrupted evaluation can resume."""
+        return f"{self.label}@{self.length}"
+
+
+def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
+    """Right-pad a batch to its longest example: `input_ids`, `attention_mask` `(B, L)` and `labels` `(B,)`."""
+    longest = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), longest), PAD_ID, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), longest), dtype=torch.long)
+    for row, (ids, _) in enumerate(examples):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+    labels = torch.tensor([label for _, label in examples])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn.Module:
+    """A freshly initialised `<Prefix>ForSequenceClassification` for the task (same size for every family)."""
+    family = FAMILIES[spec.model_type]
+    fields = {
+        **dataclasses.asdict(size),
+        "vocab_size": task.vocab_size,
+        "max_position_embeddings": max(spec.length, 512),
+        "num_labels": task.num_labels,
+        "pad_token_id": PAD_ID,
+        **spec.overrides,
+    }
+    return family.sequence_classification_class(family.config_class(**fields))
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, examples: list[Example], batch_size: int) -> dict[str, float]:
+    """Accuracy and mean cross-entropy on `examples` (eval mode; batches in a fixed, length-sorted order)."""
+    model.eval()
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(order), batch_size):
+        batch = collate([examples[i] for i in order[start : start + batch_size]])
+        labels = batch.pop("labels")
+        logits = model(**batch).logits.float()
+        loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        correct += int((logits.argmax(-1) == labels).sum())
+    return {"accuracy": correct / len(examples), "loss": loss_sum / len(examples)}
+
+
+def train_and_evaluate(
+    task: TaskData, spec: RunSpec, size: ModelSize, budget: Budget, log_every: int = 25
+) -> dict[str, Any]:
+    """Train `spec`'s family on `task` for `budget.steps` steps, then evaluate on the task's validation set.
+
+    Returns:
+        A JSON-able record: accuracy, validation loss, the training-loss curve (mean over `log_every` steps), wall
+        time of training, real (non-padding) training tokens per second, and the parameter count.
+    """
+    if spec.length != task.length:
+        raise ValueError(f"The task is encoded at length {task.length}, the run asks for {spec.length}.")
+    torch.manual_seed(budget.seed)
+    model = build_classifier(task, spec, size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=budget.learning_rate, weight_decay=budget.weight_decay)
+    schedule = get_linear_schedule_with_warmup(optimizer, budget.warmup_steps, budget.steps)
+    stream = task.train_stream(budget.seed)
+    model.train()
+    curve, window, tokens, start = [], [], 0, time.perf_counter()
+    for step in range(1, budget.steps + 1):
+        batch = collate(list(itertools.islice(stream, budget.batch_size)))
+        tokens += int(batch["attention_mask"].sum())
+        loss = model(**batch).loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{spec.key} on {task.name}: non-finite training loss at step {step}.")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), budget.max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        window.append(float(loss.detach()))
+        if step % log_every == 0 or step == budget.steps:
+            curve.append({"step": step, "loss": sum(window) / len(window)})
+            window = []
+    train_seconds = time.perf_counter() - start
+    metrics = evaluate(model, task.validation, budget.eval_batch_size)
+    return {
+        "task": task.name,
+        "label": spec.label,
+        "model_type": spec.model_type,
+        "length": spec.length,
+        "overrides": spec.overrides,
+        "accuracy": metrics["accuracy"],
+        "validation_loss": metrics["loss"],
+        "train_seconds": train_seconds,
+        "train_tokens_per_second": tokens / train_seconds if train_seconds > 0 else math.nan,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "curve": curve,
+    }

@@ -1,0 +1,208 @@
+"""The long-input tasks: IMDB reviews as WordPiece tokens, LRA Text (the same reviews as bytes) and LRA ListOps.
+
+Every task yields examples as token-id lists that start with `[CLS]` (id 2) and end with `[SEP]` (id 3), with `[PAD]`
+= 0, as the zoo's WordPiece tokenizers do, so one model config serves all of them. Truncation to the run's length is
+counted and reported, never silent.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import itertools
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...tokenization import SPECIAL_TOKENS, train_wordpiece_tokenizer, tsv_is_csv_quoted
+from ..data.listops import VOCABULARY as LISTOPS_VOCABULARY
+from ..data.listops import ListOpsSettings, generate_listops
+
+PAD_ID, CLS_ID, SEP_ID = 0, 2, 3
+FIRST_SYMBOL_ID = len(SPECIAL_TOKENS)
+TASK_NAMES = ("imdb", "text", "listops")
+
+Example = tuple[list[int], int]
+
+
+@dataclass
+class TaskData:
+    """
+    A task encoded at one input length.
+
+    Args:
+        name: `"imdb"`, `"text"` or `"listops"`.
+        length: longest input in tokens (`[CLS]` and `[SEP]` included); longer examples are truncated and counted.
+        vocab_size / num_labels: for the model config.
+        train_stream: `seed -> endless iterator of training examples` (epochs of a shuffled list, or a generator).
+        validation: the fixed validation examples.
+        info: what a reader of the results needs (split sizes and seeds, truncation counts, tokenizer).
+    """
+
+    name: str
+    length: int
+    vocab_size: int
+    num_labels: int
+    train_stream: Callable[[int], Iterator[Example]]
+    validation: list[Example]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _wrap(symbol_ids: Sequence[int], length: int) -> tuple[list[int], bool]:
+    """`[CLS] symbols [SEP]` cut to `length` tokens (the `[SEP]` kept); returns the ids and whether it was cut."""
+    if length < 2:
+        raise ValueError(f"The input length must leave room for [CLS] and [SEP], got {length}.")
+    truncated = len(symbol_ids) > length - 2
+    return [CLS_ID, *symbol_ids[: length - 2], SEP_ID], truncated
+
+
+def epoch_stream(examples: list[Example]) -> Callable[[int], Iterator[Example]]:
+    def stream(seed: int) -> Iterator[Example]:
+        rng = random.Random(seed)
+        order = list(range(len(examples)))
+        while True:
+            rng.shuffle(order)
+            yield from (examples[i] for i in order)
+
+    return stream
+
+
+def read_reviews(path: str | Path) -> list[tuple[str, int]]:
+    """`(text, label)` rows of a `text<TAB>label` file with a header (the IMDB subset's layout; CSV-quoted or not)."""
+    csv.field_size_limit(1 << 30)
+    quoting = csv.QUOTE_MINIMAL if tsv_is_csv_quoted(Path(path)) else csv.QUOTE_NONE
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t", quoting=quoting))
+    if not rows or not {"text", "label"} <= set(rows[0]):
+        raise ValueError(f"{path} must be a TSV with the columns `text` and `label`.")
+    return [(row["text"], int(row["label"])) for row in rows]
+
+
+def split_reviews(
+    reviews: list[tuple[str, int]], validation_size: int, seed: int
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """A fixed random train / validation split (`validation_size` reviews, permutation seeded by `seed`)."""
+    if not 0 < validation_size < len(reviews):
+        raise ValueError(f"validation_size must be in (0, {len(reviews)}), got {validation_size}.")
+    order = list(range(len(reviews)))
+    random.Random(seed).shuffle(order)
+    validation = [reviews[i] for i in order[:validation_size]]
+    train = [reviews[i] for i in order[validation_size:]]
+    return train, validation
+
+
+def _encode_all(items: list[tuple[Sequence[int], int]], length: int) -> tuple[list[Example], int]:
+    encoded, cut = [], 0
+    for symbols, label in items:
+        ids, truncated = _wrap(symbols, length)
+        encoded.append((ids, label))
+        cut += truncated
+    return encoded, cut
+
+
+def _split_info(train: list, validation: list, cut_train: int, cut_validation: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "train_examples": len(train),
+        "validation_examples": len(validation),
+        "train_truncated": cut_train,
+        "validation_truncated": cut_validation,
+        **extra,
+    }
+
+
+def imdb_task(
+    reviews_file: str | Path, length: int, *, validation_size: int = 500, split_seed: int = 0, vocab_size: int = 8000
+) -> TaskData:
+    """IMDB sentiment with a WordPiece tokenizer trained on the training part of the split only."""
+    train, validation = split_reviews(read_reviews(reviews_file), validation_size, split_seed)
+    tokenizer = train_wordpiece_tokenizer((text for text, _ in train), vocab_size=vocab_size, model_max_length=length)
+
+    def ids(rows: list[tuple[str, int]]) -> list[tuple[list[int], int]]:
+        # Without special tokens: `_wrap` adds them and counts what the length cuts off.
+        encoded = tokenizer([text for text, _ in rows], add_special_tokens=False)["input_ids"]
+        return [(row, label) for row, (_, label) in zip(encoded, rows, strict=True)]
+
+    train_examples, cut_train = _encode_all(ids(train), length)
+    validation_examples, cut_validation = _encode_all(ids(validation), length)
+    return TaskData(
+        "imdb",
+        length,
+        len(tokenizer),
+        2,
+        epoch_stream(train_examples),
+        validation_examples,
+        _split_info(
+            train,
+            validation,
+            cut_train,
+            cut_validation,
+            split_seed=split_seed,
+            tokenizer=f"WordPiece {len(tokenizer)} trained on the training split",
+        ),
+    )
+
+
+def text_task(reviews_file: str | Path, length: int, *, validation_size: int = 500, split_seed: int = 0) -> TaskData:
+    """LRA Text: the same reviews and split as [`imdb_task`], one token per UTF-8 byte."""
+    train, validation = split_reviews(read_reviews(reviews_file), validation_size, split_seed)
+
+    def ids(rows: list[tuple[str, int]]) -> list[tuple[list[int], int]]:
+        return [([FIRST_SYMBOL_ID + b for b in text.encode("utf-8")], label) for text, label in rows]
+
+    train_examples, cut_train = _encode_all(ids(train), length)
+    validation_examples, cut_validation = _encode_all(ids(validation), length)
+    return TaskData(
+        "text",
+        length,
+        FIRST_SYMBOL_ID + 256,
+        2,
+        epoch_stream(train_examples),
+        validation_examples,
+        _split_info(train, validation, cut_train, cut_validation, split_seed=split_seed, tokenizer="bytes"),
+    )
+
+
+def listops_task(
+    length: int,
+    *,
+    validation_size: int = 500,
+    validation_seed: int = 1_000_003,
+    settings: ListOpsSettings | None = None,
+) -> TaskData:
+    """ListOps: training examples generated on the fly from the run's seed; a fixed validation set of its own seed.
+
+    The validation stream's seed differs from every training seed used by the runner (small integers), so the two
+    are independent draws; an exact repeat of a 500-2000 token tree is practically impossible.
+    """
+    settings = settings or ListOpsSettings()
+    symbol = {s: FIRST_SYMBOL_ID + i for i, s in enumerate(LISTOPS_VOCABULARY)}
+
+    def encoded(stream: Iterator[tuple[list[str], int]]) -> Iterator[tuple[Example, bool]]:
+        for tokens, label in stream:
+            ids, truncated = _wrap([symbol[t] for t in tokens], length)
+            yield (ids, label), truncated
+
+    validation_pairs = list(itertools.islice(encoded(generate_listops(validation_seed, settings)), validation_size))
+    validation = [example for example, _ in validation_pairs]
+    cut_validation = sum(truncated for _, truncated in validation_pairs)
+
+    def train_stream(seed: int) -> Iterator[Example]:
+        return (example for example, _ in encoded(generate_listops(seed, settings)))
+
+    return TaskData(
+        "listops",
+        length,
+        FIRST_SYMBOL_ID + len(LISTOPS_VOCABULARY),
+        10,
+        train_stream,
+        validation,
+        {
+            "train_examples": "generated (steps x batch)",
+            "validation_examples": len(validation),
+            "validation_truncated": cut_validation,
+            "validation_seed": validation_seed,
+            "generator": dataclasses.asdict(settings),
+        },
+    )

@@ -1,0 +1,113 @@
+"""Long-input evaluation: every family reading long inputs against dense attention, at an equal training budget.
+
+Tasks (all validation splits held out here, none is a test set): IMDB reviews as WordPiece tokens (the 2,500 shipped
+reviews split 2,000 / 500 with seed 0), LRA Text (the same split, one token per byte) and LRA ListOps (generated on the
+fly; validation from its own seed). Writes `long_eval.json` (every run, with its loss curve), `long_eval.md` and
+`long_eval.png` (accuracy against length) into `--output_dir`; re-running the same command resumes after the last
+finished run. The logic lives in `attnzoo.training.long_eval`.
+
+Examples:
+    # the README table (CPU, one thread per process; hours)
+    python scripts/run_long_eval.py --tasks imdb listops text --output_dir scripts/results/long-eval
+    # one family against dense on IMDB at 2048, with an ablation row
+    python scripts/run_long_eval.py --tasks imdb --families a2former --imdb_lengths 2048 \
+        --variant "a2former:num_global_tokens=0" --output_dir outputs/long-eval-a2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from attnzoo.registry import FAMILIES  # noqa: E402
+from attnzoo.training.long_eval import (  # noqa: E402
+    DEFAULT_REVIEWS_FILE,
+    Budget,
+    ModelSize,
+    Row,
+    TaskPlan,
+    parse_variant,
+    run_long_eval,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--tasks", nargs="+", choices=["imdb", "listops", "text"], default=["imdb", "listops"])
+    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), help="default: every registered family")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="FAMILY:FIELD=VALUE[,FIELD=VALUE]",
+        help="extra (ablation) row with config overrides, e.g. 'fsat:index_scale=max_length'; repeatable",
+    )
+    parser.add_argument("--imdb_lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096])
+    parser.add_argument("--imdb_dense_lengths", nargs="+", type=int, default=[512, 2048])
+    parser.add_argument("--listops_lengths", nargs="+", type=int, default=[2048])
+    parser.add_argument("--text_lengths", nargs="+", type=int, default=[4096])
+    parser.add_argument("--text_dense_lengths", nargs="+", type=int, default=[1024])
+    parser.add_argument("--reviews_file", default=str(DEFAULT_REVIEWS_FILE), help="text<TAB>label TSV with a header")
+    parser.add_argument("--validation_size", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=Budget.steps)
+    parser.add_argument("--batch_size", type=int, default=Budget.batch_size)
+    parser.add_argument("--learning_rate", type=float, default=Budget.learning_rate)
+    parser.add_argument("--warmup_steps", type=int, default=Budget.warmup_steps)
+    parser.add_argument("--seed", type=int, default=Budget.seed)
+    parser.add_argument("--hidden_size", type=int, default=ModelSize.hidden_size)
+    parser.add_argument("--num_hidden_layers", type=int, default=ModelSize.num_hidden_layers)
+    parser.add_argument("--num_attention_heads", type=int, default=ModelSize.num_attention_heads)
+    parser.add_argument("--intermediate_size", type=int, default=ModelSize.intermediate_size)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+    lengths = {
+        "imdb": (args.imdb_lengths, args.imdb_dense_lengths),
+        "listops": (args.listops_lengths, ()),
+        "text": (args.text_lengths, args.text_dense_lengths),
+    }
+    plans = [TaskPlan(task, tuple(lengths[task][0]), tuple(lengths[task][1])) for task in args.tasks]
+    families = args.families or sorted(FAMILIES)
+    rows = [Row(model_type) for model_type in families] + [parse_variant(text) for text in args.variant]
+    size = ModelSize(args.hidden_size, args.num_hidden_layers, args.num_attention_heads, args.intermediate_size)
+    budget = Budget(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        seed=args.seed,
+    )
+
+    def show(record: dict) -> None:
+        print(
+            f"{record['task']:8s} {record['label']:40s} @{record['length']:5d}: "
+            f"accuracy {100 * record['accuracy']:.1f}% ({record['train_seconds']:.0f} s, "
+            f"{record['train_tokens_per_second']:.0f} tokens/s)",
+            flush=True,
+        )
+
+    run_long_eval(
+        args.output_dir,
+        plans,
+        rows,
+        size=size,
+        budget=budget,
+        reviews_file=args.reviews_file,
+        validation_size=args.validation_size,
+        on_result=show,
+    )
+
+
+if __name__ == "__main__":
+    main()

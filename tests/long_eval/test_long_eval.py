@@ -1,0 +1,162 @@
+"""The long-input evaluation: tasks, one run, the grid with resume, and the reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnzoo.training.long_eval import (
+    DEFAULT_REVIEWS_FILE,
+    Budget,
+    ModelSize,
+    Row,
+    RunSpec,
+    TaskPlan,
+    collate,
+    imdb_task,
+    listops_task,
+    parse_variant,
+    planned_runs,
+    read_reviews,
+    run_long_eval,
+    split_reviews,
+    text_task,
+    train_and_evaluate,
+)
+from attnzoo.training.long_eval.tasks import CLS_ID, FIRST_SYMBOL_ID, PAD_ID, SEP_ID, TaskData, epoch_stream
+
+TINY = ModelSize(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+
+
+@pytest.fixture(scope="module")
+def reviews_file(tmp_path_factory):
+    """40 shipped reviews (20 per class), a few of them long, in the shipped file's layout."""
+    reviews = read_reviews(DEFAULT_REVIEWS_FILE)
+    rows = [r for r in reviews if r[1] == 1][:20] + [r for r in reviews if r[1] == 0][:20]
+    path = tmp_path_factory.mktemp("imdb") / "reviews.tsv"
+    lines = ["text\tlabel"] + [f"{text.replace(chr(9), ' ')}\t{label}" for text, label in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_shipped_reviews_are_read_whole_with_their_quoting():
+    reviews = read_reviews(DEFAULT_REVIEWS_FILE)
+    assert len(reviews) == 2500
+    assert sorted({label for _, label in reviews}) == [0, 1]
+    # The file is CSV-quoted: the field's quotes are removed and doubled inner quotes read as one.
+    (quoted,) = [text for text, _ in reviews if text.startswith("A favourite of mine,this movie")]
+    assert 'New York "characters", Steve Brodie' in quoted
+
+
+def test_split_is_fixed_and_disjoint():
+    reviews = [(f"review {i}", i % 2) for i in range(100)]
+    train, validation = split_reviews(reviews, 20, seed=0)
+    assert (train, validation) == split_reviews(reviews, 20, seed=0)
+    assert len(validation) == 20 and len(train) == 80
+    assert not {t for t, _ in train} & {t for t, _ in validation}
+    with pytest.raises(ValueError, match="validation_size"):
+        split_reviews(reviews, 100, seed=0)
+
+
+def test_imdb_and_text_tasks_wrap_and_count_truncation(reviews_file):
+    imdb = imdb_task(reviews_file, 64, validation_size=10, vocab_size=300)
+    assert imdb.info["train_examples"] == 30 and imdb.info["validation_examples"] == 10
+    for ids, label in imdb.validation:
+        assert ids[0] == CLS_ID and ids[-1] == SEP_ID and len(ids) <= 64 and label in (0, 1)
+    longest = max(len(t.split()) for t, _ in read_reviews(reviews_file))
+    assert longest > 64 and imdb.info["train_truncated"] + imdb.info["validation_truncated"] > 0
+
+    text = text_task(reviews_file, 10_000, validation_size=10)
+    raw = {t.encode("utf-8") for t, _ in read_reviews(reviews_file)}
+    for ids, _ in text.validation:
+        assert bytes(i - FIRST_SYMBOL_ID for i in ids[1:-1]) in raw
+    assert text.info["train_truncated"] == 0 and text.vocab_size == FIRST_SYMBOL_ID + 256
+
+
+def test_listops_task_streams_by_seed_and_keeps_a_fixed_validation_set():
+    task = listops_task(2048, validation_size=4)
+    again = listops_task(2048, validation_size=4)
+    assert task.validation == again.validation
+    first = [next(task.train_stream(0)) for _ in range(1)]
+    assert first == [next(again.train_stream(0))]
+    assert first != [next(task.train_stream(1))]
+    assert task.num_labels == 10 and task.info["validation_truncated"] == 0
+
+
+def test_collate_pads_right():
+    batch = collate([([2, 7, 3], 1), ([2, 3], 0)])
+    assert batch["input_ids"].tolist() == [[2, 7, 3], [2, 3, PAD_ID]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["labels"].tolist() == [1, 0]
+
+
+def test_a_run_learns_a_trivial_rule():
+    # Label = which of two symbols fills a third of the document: any family that trains at all separates it.
+    def make(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        rows = []
+        for i in range(n):
+            ids = torch.randint(FIRST_SYMBOL_ID + 2, FIRST_SYMBOL_ID + 8, (24,), generator=g)
+            ids[torch.randperm(24, generator=g)[:8]] = FIRST_SYMBOL_ID + i % 2
+            rows.append(([CLS_ID, *ids.tolist(), SEP_ID], i % 2))
+        return rows
+
+    task = TaskData("imdb", 32, FIRST_SYMBOL_ID + 10, 2, epoch_stream(make(64, 0)), make(32, 1))
+    spec = RunSpec("dense_transformer", 32, {"classifier_pooling": "mean"})
+    record = train_and_evaluate(task, spec, TINY, Budget(steps=40, batch_size=16, learning_rate=1e-2, warmup_steps=4))
+    assert record["accuracy"] >= 0.9
+    assert record["curve"][-1]["loss"] < record["curve"][0]["loss"] / 2
+    assert record["train_tokens_per_second"] > 0 and record["overrides"] == {"classifier_pooling": "mean"}
+
+
+def test_planned_runs_add_dense_baselines_once():
+    plans = [TaskPlan("imdb", (512, 2048), dense_lengths=(512,)), TaskPlan("listops", (2048,))]
+    rows = [Row("dense_transformer"), Row("fsat"), parse_variant("fsat:index_scale=max_length")]
+    runs = [(task, spec.key) for task, spec in planned_runs(plans, rows)]
+    assert len(runs) == len(set(runs)) == 9
+    assert ("imdb", "fsat [index_scale=max_length]@2048") in runs
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        parse_variant("fsat")
+    with pytest.raises(ValueError, match="Unknown task"):
+        TaskPlan("qa", (512,))
+
+
+def test_evaluation_writes_reports_and_resumes(tmp_path, reviews_file, monkeypatch):
+    budget = Budget(steps=2, batch_size=4, warmup_steps=1, eval_batch_size=8)
+    plans = [TaskPlan("text", (256,), dense_lengths=(128,))]
+    calls = []
+    results = run_long_eval(
+        tmp_path,
+        plans,
+        [Row("sparse_transformer")],
+        size=TINY,
+        budget=budget,
+        reviews_file=reviews_file,
+        validation_size=10,
+        on_result=calls.append,
+    )
+    assert {(r["label"], r["length"]) for r in results["runs"]} == {
+        ("sparse_transformer", 256),
+        ("dense_transformer", 128),
+    }
+    saved = json.loads((tmp_path / "long_eval.json").read_text())
+    assert saved["runs"] == results["runs"] and saved["settings"]["budget"]["steps"] == 2
+    markdown = (tmp_path / "long_eval.md").read_text()
+    assert "LRA Text" in markdown and "| sparse_transformer | 256 |" in markdown
+    assert (tmp_path / "long_eval.png").is_file()
+    # The same command again runs nothing; another budget in the same folder is refused.
+    again = run_long_eval(
+        tmp_path,
+        plans,
+        [Row("sparse_transformer")],
+        size=TINY,
+        budget=budget,
+        reviews_file=reviews_file,
+        validation_size=10,
+        on_result=calls.append,
+    )
+    assert len(calls) == 2 and again["runs"] == results["runs"]
+    with pytest.raises(ValueError, match="another size or budget"):
+        run_long_eval(tmp_path, plans, [Row("sparse_transformer")], size=TINY, budget=Budget(steps=3))
