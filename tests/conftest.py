@@ -13,6 +13,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Without CUDA, attention_backend="triton" runs attnzoo's Triton kernels under Triton's CPU interpreter, which is
+# chosen when the kernels are first imported: set it before anything can import them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import attnzoo  # noqa: E402, F401  (registers every family)
 

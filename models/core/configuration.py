@@ -8,8 +8,9 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
+from ..kernels.dispatch import ATTENTION_BACKENDS
+
 POOLING_TYPES = ("cls", "mean", "attention")
-ATTENTION_BACKENDS = ("fast", "reference")
 
 
 @strict
@@ -55,8 +56,10 @@ class ZooConfig(PreTrainedConfig):
         classifier_dropout (`float`, *optional*):
             Dropout before the classifier; defaults to `hidden_dropout_prob`.
         attention_backend (`str`, *optional*, defaults to `"fast"`):
-            `"fast"` runs a method's optimised kernels, `"reference"` the plain dense masked attention over the same
-            sparsity structure, on the same weights (use it to check a checkpoint).
+            `"fast"` runs a method's optimised kernels (Triton on CUDA when `triton` is installed, the torch CSR /
+            SDPA paths otherwise), `"reference"` the plain implementation over the same sparsity structure, on the
+            same weights (use it to check a checkpoint), `"triton"` the Triton kernels (CUDA; on CPU only under
+            `TRITON_INTERPRET=1`, for tests). See `attnzoo.kernels.dispatch`.
         aux_loss_coef (`float`, *optional*, defaults to 1.0):
             Weight of the attention auxiliary loss (e.g. SBM's density regulariser) added to the task loss.
         decoder_layers (`int`, *optional*, defaults to 2):

@@ -1,21 +1,35 @@
-"""Shared attention kernels of the zoo: dense masked reference, edge-list (CSR) attention and gathered attention."""
+"""Shared attention kernels of the zoo: dense masked attention, edge-list (CSR) attention and gathered attention.
+
+Families call the primitives exported here with their `config.attention_backend`; [`attnzoo.kernels.dispatch`]
+picks the reference, torch (CPU / CUDA) or Triton implementation.
+"""
 
 from __future__ import annotations
 
 from .csr import CSRPattern
 from .dense import dense_masked_attention
-from .edgelist import edge_attention, edge_attention_reference
-from .gathered import gathered_attention, gathered_attention_reference
+from .dispatch import (
+    ATTENTION_BACKENDS,
+    dense_attention,
+    edge_attention,
+    edge_attention_reference,
+    gathered_attention,
+    gathered_attention_reference,
+    resolve_backend,
+)
 from .indexing import batch_head_offsets, flatten_heads, unflatten_heads
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "CSRPattern",
     "batch_head_offsets",
+    "dense_attention",
     "dense_masked_attention",
     "edge_attention",
     "edge_attention_reference",
     "flatten_heads",
     "gathered_attention",
     "gathered_attention_reference",
+    "resolve_backend",
     "unflatten_heads",
 ]

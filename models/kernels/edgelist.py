@@ -1,4 +1,7 @@
-"""Edge-list attention with a per-row (segment) softmax: a plain-autograd reference and the fast CSR path."""
+"""Edge-list attention with a per-row (segment) softmax: a plain-autograd reference and the CSR torch path.
+
+The public entry point with backend dispatch is [`attnzoo.kernels.edge_attention`].
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,10 @@ import torch
 from torch import Tensor
 
 from .csr import CSRAttentionFunction, row_pointers, sort_key, sparse_kernels_available
-from .dropout import keep_multiplier, sample_keep_mask
+from .dropout import keep_multiplier
 
 
-def _check_edges(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *edge_tensors: Tensor | None) -> None:
+def check_edges(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *edge_tensors: Tensor | None) -> None:
     if q.dim() != 2 or k.dim() != 2 or v.dim() != 2:
         raise ValueError(f"q, k, v must be 2-D (rows, d), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape[0] != v.shape[0] or q.shape[1] != k.shape[1]:
@@ -30,48 +33,6 @@ def _check_edges(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *e
             raise IndexError(f"cols out of range [0, {k.shape[0]})")
 
 
-def _keep_mask(num_edges: int, dropout_p: float, training: bool, device, generator) -> Tensor | None:
-    if not training or dropout_p <= 0.0:
-        return None
-    return sample_keep_mask((num_edges,), dropout_p, device, generator)
-
-
-def edge_attention_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rows: Tensor,
-    cols: Tensor,
-    *,
-    logit_bias: Tensor | None = None,
-    edge_weight: Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    training: bool = False,
-    sorted_rows: bool = False,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Gather / scatter implementation of [`edge_attention`] with plain autograd (correctness reference).
-
-    Materialises `(E, d)` gathered rows; use [`edge_attention`] outside tests. Arguments and result are those of
-    [`edge_attention`] (`sorted_rows` is accepted for signature parity and has no effect).
-    """
-    _check_edges(q, k, v, rows, cols, logit_bias, edge_weight)
-    keep = _keep_mask(rows.shape[0], dropout_p, training, q.device, generator)
-    return edge_attention_reference_with_mask(
-        q,
-        k,
-        v,
-        rows,
-        cols,
-        logit_bias=logit_bias,
-        edge_weight=edge_weight,
-        scale=scale,
-        keep=keep,
-        dropout_p=dropout_p,
-    )
-
-
 def edge_attention_reference_with_mask(
     q: Tensor,
     k: Tensor,
@@ -85,7 +46,10 @@ def edge_attention_reference_with_mask(
     keep: Tensor | None,
     dropout_p: float,
 ) -> Tensor:
-    """[`edge_attention_reference`] with an explicit dropout keep-mask `keep` (E,) bool (None = no dropout)."""
+    """Gather / scatter implementation of [`edge_attention`] with plain autograd (correctness reference).
+
+    Materialises `(E, d)` gathered rows; `keep` is an explicit dropout keep-mask `(E,)` bool (None = no dropout).
+    """
     num_rows = q.shape[0]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = (q[rows] * k[cols]).sum(-1) * scale  # (E,)
@@ -104,62 +68,14 @@ def edge_attention_reference_with_mask(
     return v.new_zeros(num_rows, v.shape[-1]).index_add(0, rows, probs[:, None] * v[cols])  # (R, d)
 
 
-def edge_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rows: Tensor,
-    cols: Tensor,
-    *,
-    logit_bias: Tensor | None = None,
-    edge_weight: Tensor | None = None,
-    scale: float | None = None,
-    dropout_p: float = 0.0,
-    training: bool = False,
-    sorted_rows: bool = False,
-    generator: torch.Generator | None = None,
-) -> Tensor:
-    """Attention restricted to an edge list, softmax over the edges of each query row.
-
-    For edge `e = (rows[e], cols[e])`: `s_e = scale * <q[rows[e]], k[cols[e]]> + logit_bias[e]`, `a_e` = softmax of
-    `s` over the edges sharing `rows[e]`, and `out[r] = sum_e dropout(a_e) * edge_weight[e] * v[cols[e]]`.
-    Duplicate edges count separately; rows without edges (or whose logits are all -inf) output exact zeros.
-    Runs as one CSR autograd Function (SDDMM, segment softmax, SpMM) with a hand-written O(E) backward. fp16/bf16
-    inputs (e.g. under autocast) are computed in fp32 and cast back.
-
-    Args:
-        q (`torch.Tensor` of shape `(R, d)`): flattened query rows.
-        k (`torch.Tensor` of shape `(C, d)`): flattened key rows.
-        v (`torch.Tensor` of shape `(C, d)`): flattened value rows.
-        rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, in `[0, R)`.
-        cols (`torch.LongTensor` of shape `(E,)`): key row of each edge, in `[0, C)`.
-        logit_bias (`torch.Tensor` of shape `(E,)`, *optional*): added to the scaled logit (differentiable).
-        edge_weight (`torch.Tensor` of shape `(E,)`, *optional*): multiplies the normalised probability after the
-            softmax, without renormalisation (differentiable).
-        scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
-        dropout_p (`float`, *optional*, defaults to 0.0): dropout on the probabilities (before `edge_weight`).
-        training (`bool`, *optional*, defaults to `False`): dropout is only applied when `True`.
-        sorted_rows (`bool`, *optional*, defaults to `False`): promise that `rows` is non-decreasing (skips a sort).
-        generator (`torch.Generator`, *optional*): RNG for the dropout mask.
-
-    Returns:
-        `torch.Tensor` of shape `(R, d)` in the dtype of `q`.
-    """
-    _check_edges(q, k, v, rows, cols, logit_bias, edge_weight)
-    keep = _keep_mask(rows.shape[0], dropout_p, training, q.device, generator)
-    return edge_attention_with_mask(
-        q,
-        k,
-        v,
-        rows,
-        cols,
-        logit_bias=logit_bias,
-        edge_weight=edge_weight,
-        scale=scale,
-        keep=keep,
-        dropout_p=dropout_p,
-        sorted_rows=sorted_rows,
-    )
+def sort_edges(
+    rows: Tensor, cols: Tensor, num_rows: int, *edge_tensors: Tensor | None
+) -> tuple[Tensor, Tensor, tuple[Tensor | None, ...]]:
+    """Edges sorted by row (stable, so duplicates keep their order) with their per-edge tensors permuted alike."""
+    sorted_rows_key, perm = torch.sort(sort_key(rows, num_rows), stable=True)
+    # Widening the sorted keys is a sequential pass, cheaper than another random gather of rows.
+    permuted = tuple(None if t is None else t[perm] for t in edge_tensors)
+    return sorted_rows_key.to(torch.int64), cols.index_select(0, perm), permuted
 
 
 def edge_attention_with_mask(
@@ -198,12 +114,9 @@ def edge_attention_with_mask(
         if edge_weight is not None:
             edge_weight = edge_weight.to(compute_dtype)
         if not sorted_rows:
-            sorted_rows_key, perm = torch.sort(sort_key(rows, num_rows), stable=True)
-            # Widening the sorted keys is a sequential pass, cheaper than another random gather of rows.
-            rows, cols = sorted_rows_key.to(torch.int64), cols.index_select(0, perm)
-            logit_bias = None if logit_bias is None else logit_bias[perm]
-            edge_weight = None if edge_weight is None else edge_weight[perm]
-            keep = None if keep is None else keep[perm]
+            rows, cols, (logit_bias, edge_weight, keep) = sort_edges(
+                rows, cols, num_rows, logit_bias, edge_weight, keep
+            )
         mult = None if keep is None else keep_multiplier(keep, dropout_p, compute_dtype)
         if degree is None:
             crow = row_pointers(rows, num_rows)

@@ -1,0 +1,311 @@
+"""Which implementation computes an attention primitive, decided in one place for every family.
+
+A family calls one function per primitive and passes its `config.attention_backend`:
+
+- [`gathered_attention`]: every query attends to its own K slots (Smart Bird's sampled keys, A²-Former's
+  interpolated points as two weighted entries per slot);
+- [`edge_attention`]: attention along an edge list with a per-row softmax (SBM's sampled graphs, FSAT's predicted
+  edges, Sparse Transformer's merged strided pattern);
+- [`dense_attention`]: masked softmax attention over every key (the dense family, dense fallbacks).
+
+The backend name and the device pick the implementation:
+
+- `"reference"`: plain autograd (gather / einsum, dense masked softmax), on any device: the truth the others are
+  tested against.
+- `"fast"` (default): on CUDA the Triton kernels when `triton` imports and q, k, v share a dtype among fp32, bf16 and
+  fp16; otherwise (CPU, fp64, no triton) the torch paths: CSR SDDMM / SpMM Functions and SDPA.
+- `"triton"`: the Triton kernels. On CUDA they compile; on CPU they run under Triton's interpreter when
+  `TRITON_INTERPRET=1` was set before they were first imported (slow: for tests), and are refused otherwise.
+
+Dense attention has no Triton kernel of its own: its fast and Triton implementations are
+`F.scaled_dot_product_attention` (FlashAttention / memory-efficient kernels on CUDA). Triton is an optional
+dependency (`pip install attnzoo[gpu]`); nothing here imports it before a Triton implementation is asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .dense import dense_masked_attention
+from .dropout import sample_keep_mask
+from .edgelist import check_edges, edge_attention_reference_with_mask, edge_attention_with_mask
+from .gathered import check_gathered, gathered_attention_reference_with_mask, gathered_attention_with_mask
+
+#: Values of `ZooConfig.attention_backend`.
+ATTENTION_BACKENDS = ("fast", "reference", "triton")
+#: dtypes the Triton kernels take (fp32 accumulation inside); anything else stays on the torch paths.
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Whether the optional `triton` package can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a blocked import (`sys.modules["triton"] = None`) counts as absent
+        return False
+
+
+@functools.cache
+def _load_triton_kernels() -> ModuleType | str:
+    """attnzoo's Triton kernel module, or why it cannot be imported (a broken triton install; remote code copied to
+    the Hub without it)."""
+    try:
+        return importlib.import_module(".triton", __package__)
+    except ImportError as err:
+        return f"{type(err).__name__}: {err}"
+
+
+def _triton_kernels() -> ModuleType:
+    kernels = _load_triton_kernels()
+    if isinstance(kernels, str):
+        raise ValueError(f"attention_backend='triton': attnzoo's Triton kernels cannot be imported ({kernels}).")
+    return kernels
+
+
+def resolve_backend(backend: str, device: torch.device, *dtypes: torch.dtype) -> str:
+    """The implementation (`"reference"`, `"torch"` or `"triton"`) that runs `backend` for tensors on `device`.
+
+    Args:
+        backend (`str`): one of [`ATTENTION_BACKENDS`].
+        device (`torch.device`): device of the inputs.
+        dtypes (`torch.dtype`): dtypes of q, k and v (the Triton kernels need one dtype among [`TRITON_DTYPES`]).
+
+    Raises:
+        ValueError: unknown backend, or `"triton"` where it cannot run (not installed, CPU without the interpreter,
+            another device type, fp64 inputs).
+    """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"`attention_backend` must be one of {ATTENTION_BACKENDS}, got {backend!r}.")
+    if backend == "reference":
+        return "reference"
+    triton_dtypes = len(set(dtypes)) <= 1 and all(d in TRITON_DTYPES for d in dtypes)
+    if backend == "fast":
+        usable = device.type == "cuda" and triton_dtypes and triton_installed()
+        return "triton" if usable and not isinstance(_load_triton_kernels(), str) else "torch"
+    if not triton_installed():
+        raise ValueError(
+            "attention_backend='triton' needs the optional dependency triton (`pip install attnzoo[gpu]`); "
+            "use 'fast' for the torch kernels."
+        )
+    kernels = _triton_kernels()
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1" or not kernels.interpreted():
+            raise ValueError(
+                "attention_backend='triton' on CPU runs the Triton kernels under Triton's interpreter, which needs "
+                "TRITON_INTERPRET=1 in the environment before attnzoo's Triton kernels are first imported (it is "
+                "slow: for tests). Use 'fast' for the CPU kernels, or a CUDA device."
+            )
+    elif device.type != "cuda":
+        raise ValueError(f"attention_backend='triton' runs on CUDA (or on CPU under the interpreter), not {device}.")
+    if not triton_dtypes:
+        raise ValueError(
+            f"attention_backend='triton' takes q, k, v of one dtype among {TRITON_DTYPES}, "
+            f"got {sorted(map(str, dtypes))}."
+        )
+    return "triton"
+
+
+def gathered_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    idx: Tensor,
+    valid: Tensor | None = None,
+    *,
+    weight: Tensor | None = None,
+    logit_bias: Tensor | None = None,
+    dot_product: bool = True,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    keep: Tensor | None = None,
+    backend: str = "fast",
+) -> Tensor:
+    """Each query attends to its own `K` slots; a slot is one key row or a weighted mix of `J` key rows.
+
+    Slot `s` of query `n` reads `k~ = sum_j weight[n, s, j] k[idx[n, s, j]]` (likewise `v~`; one entry of weight 1
+    when `idx` is `(B, H, Nq, K)` and `weight` is None). Its logit is `logit_bias[n, s] + scale * <q_n, k~>` (the dot
+    product only when `dot_product`), the softmax runs over the valid slots, dropout multiplies the probabilities
+    and `out_n = sum_s p_s v~_s`. Duplicate indices count separately; rows without a valid slot (or whose logits are
+    all -inf) output exact zeros. Gradients reach q, k, v, `weight` and `logit_bias`. Half-precision inputs are
+    accumulated in fp32 and the result has the dtype of `q`.
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, Nq, d)`): queries.
+        k (`torch.Tensor` of shape `(B, H, Nk, d)`): keys.
+        v (`torch.Tensor` of shape `(B, H, Nk, d)`): values.
+        idx (`torch.LongTensor` of shape `(B, H, Nq, K)` or `(B, H, Nq, K, J)`): key positions in `[0, Nk)` (any
+            value in invalid slots).
+        valid (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): slot validity, `None` means all valid.
+        weight (`torch.Tensor` of the shape of `idx`, *optional*): mixing weights of the entries (required when
+            `idx` has `J` entries per slot).
+        logit_bias (`torch.Tensor` broadcastable to `(B, H, Nq, K)`, *optional*): added to the slot logits.
+        dot_product (`bool`, *optional*, defaults to `True`): include `scale * <q, k~>` in the logits.
+        scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
+        dropout_p (`float`, *optional*, defaults to 0.0): dropout on the probabilities.
+        training (`bool`, *optional*, defaults to `False`): draw a dropout mask (global RNG) when `keep` is None.
+        keep (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): dropout keep-mask drawn by the caller (so
+            that several backends can be fed the same mask); `dropout_p` must be the probability it was drawn with.
+        backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
+
+    Returns:
+        `torch.Tensor` of shape `(B, H, Nq, d)` in the dtype of `q`.
+    """
+    check_gathered(q, k, v, idx, valid, weight, logit_bias)
+    if keep is None and training and dropout_p > 0.0:
+        keep = sample_keep_mask(tuple(idx.shape[:4]), dropout_p, idx.device)
+    implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    if implementation == "reference":
+        function = gathered_attention_reference_with_mask
+    elif implementation == "torch":
+        function = gathered_attention_with_mask
+    else:
+        function = _triton_kernels().gathered_attention_triton
+    return function(
+        q,
+        k,
+        v,
+        idx,
+        valid,
+        scale=scale,
+        keep=keep,
+        dropout_p=dropout_p,
+        weight=weight,
+        logit_bias=logit_bias,
+        dot_product=dot_product,
+    )
+
+
+def gathered_attention_reference(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, valid: Tensor | None = None, **kwargs):
+    """[`gathered_attention`] with `backend="reference"` (`torch.gather` + einsum, plain autograd)."""
+    return gathered_attention(q, k, v, idx, valid, backend="reference", **kwargs)
+
+
+def edge_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rows: Tensor,
+    cols: Tensor,
+    *,
+    logit_bias: Tensor | None = None,
+    edge_weight: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    keep: Tensor | None = None,
+    sorted_rows: bool = False,
+    generator: torch.Generator | None = None,
+    backend: str = "fast",
+) -> Tensor:
+    """Attention restricted to an edge list, softmax over the edges of each query row.
+
+    For edge `e = (rows[e], cols[e])`: `s_e = scale * <q[rows[e]], k[cols[e]]> + logit_bias[e]`, `a_e` = softmax of
+    `s` over the edges sharing `rows[e]`, and `out[r] = sum_e dropout(a_e) * edge_weight[e] * v[cols[e]]`.
+    Duplicate edges count separately; rows without edges (or whose logits are all -inf) output exact zeros.
+    Half-precision inputs are accumulated in fp32 and the result has the dtype of `q`.
+
+    Args:
+        q (`torch.Tensor` of shape `(R, d)`): flattened query rows.
+        k (`torch.Tensor` of shape `(C, d)`): flattened key rows.
+        v (`torch.Tensor` of shape `(C, d)`): flattened value rows.
+        rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, in `[0, R)`.
+        cols (`torch.LongTensor` of shape `(E,)`): key row of each edge, in `[0, C)`.
+        logit_bias (`torch.Tensor` of shape `(E,)`, *optional*): added to the scaled logit (differentiable).
+        edge_weight (`torch.Tensor` of shape `(E,)`, *optional*): multiplies the normalised probability after the
+            softmax, without renormalisation (differentiable).
+        scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
+        dropout_p (`float`, *optional*, defaults to 0.0): dropout on the probabilities (before `edge_weight`).
+        training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None.
+        keep (`torch.BoolTensor` of shape `(E,)`, *optional*): dropout keep-mask drawn by the caller.
+        sorted_rows (`bool`, *optional*, defaults to `False`): promise that `rows` is non-decreasing (skips a sort).
+        generator (`torch.Generator`, *optional*): RNG for the dropout mask.
+        backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
+
+    Returns:
+        `torch.Tensor` of shape `(R, d)` in the dtype of `q`.
+    """
+    check_edges(q, k, v, rows, cols, logit_bias, edge_weight, keep)
+    if keep is None and training and dropout_p > 0.0:
+        keep = sample_keep_mask((rows.shape[0],), dropout_p, q.device, generator)
+    implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    kwargs = {"logit_bias": logit_bias, "edge_weight": edge_weight, "scale": scale, "keep": keep}
+    kwargs["dropout_p"] = dropout_p
+    if implementation == "reference":
+        return edge_attention_reference_with_mask(q, k, v, rows, cols, **kwargs)
+    if implementation == "torch":
+        return edge_attention_with_mask(q, k, v, rows, cols, sorted_rows=sorted_rows, **kwargs)
+    return _triton_kernels().edge_attention_triton(q, k, v, rows, cols, sorted_rows=sorted_rows, **kwargs)
+
+
+def edge_attention_reference(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, **kwargs) -> Tensor:
+    """[`edge_attention`] with `backend="reference"` (gather / scatter, plain autograd)."""
+    return edge_attention(q, k, v, rows, cols, backend="reference", **kwargs)
+
+
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    logit_bias: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    backend: str = "fast",
+) -> Tensor:
+    """Softmax attention over every key, with an optional boolean mask and additive logit bias.
+
+    Query rows whose mask has no `True` entry output exact zeros (never NaN). The reference is
+    [`dense_masked_attention`] (materialised, fp32 softmax); the fast and Triton implementations are
+    `F.scaled_dot_product_attention`.
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, Nq, d)`): queries.
+        k, v (`torch.Tensor` of shape `(B, H, Nk, d)`): keys and values.
+        mask (`torch.BoolTensor` broadcastable to `(B, H, Nq, Nk)`, *optional*): `True` means "may attend".
+        logit_bias (`torch.Tensor` broadcastable to `(B, H, Nq, Nk)`, *optional*): added to the scaled logits.
+        is_causal (`bool`, *optional*, defaults to `False`): aligned causal attention (only without `mask`; a
+            causal mask with padding or a query offset belongs in `mask`).
+        scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
+        dropout_p (`float`, *optional*, defaults to 0.0): dropout on the attention probabilities.
+        training (`bool`, *optional*, defaults to `False`): dropout only when `True`.
+        backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"`.
+
+    Returns:
+        `torch.Tensor` of shape `(B, H, Nq, d)`.
+    """
+    if is_causal and mask is not None:
+        raise ValueError("dense_attention: pass the causal structure inside `mask` when a mask is given.")
+    causal = is_causal and q.shape[2] > 1
+    if resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype) == "reference":
+        if causal:
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        out, _ = dense_masked_attention(
+            q, k, v, mask, dropout_p=dropout_p, scale=scale, training=training, logit_bias=logit_bias
+        )
+        return out
+    attn_mask = mask
+    if logit_bias is not None:
+        attn_mask = logit_bias.to(q.dtype)
+        if mask is not None:
+            # The dtype's minimum, not -inf: a fully masked row stays finite (then zeroed below), also in backward.
+            attn_mask = attn_mask.masked_fill(~mask, torch.finfo(attn_mask.dtype).min)
+    dropout_p = dropout_p if training else 0.0
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal, scale=scale
+    )
+    if mask is not None:
+        # SDPA's treatment of rows without any valid key varies across backends: make them exact zeros.
+        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    return out

@@ -1,0 +1,19 @@
+"""Triton kernels of the shared attention primitives (optional: needs `triton`, `pip install attnzoo[gpu]`).
+
+Imported only by [`attnzoo.kernels.dispatch`] when a Triton implementation is asked for. With `TRITON_INTERPRET=1`
+in the environment at import time, `triton.jit` builds interpreter functions that run on CPU tensors with numpy
+(slow; the CPU tests use it); otherwise the kernels compile for the GPU.
+"""
+
+from __future__ import annotations
+
+from .edges import _edge_fwd, edge_attention_triton
+from .gathered import gathered_attention_triton
+
+
+def interpreted() -> bool:
+    """Whether these kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 when first imported)."""
+    return type(_edge_fwd).__name__ == "InterpretedFunction"
+
+
+__all__ = ["edge_attention_triton", "gathered_attention_triton", "interpreted"]

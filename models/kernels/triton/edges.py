@@ -1,0 +1,266 @@
+"""Triton CSR edge attention: segment softmax fused with the SpMM, one pass over each row's edges.
+
+Edges are sorted by query row and described by CSR row pointers. For edge `e = (r, c)`:
+`s_e = scale * <q_r, k_c> + bias_e`, `p` = softmax of `s` over the edges of row `r`, and
+`out_r = sum_e p_e keep_e weight_e v_c` (dropout keep factor and edge weight after the softmax, without
+renormalisation, as FSAT's confidences require).
+
+Forward: one program per query row walks its edges in chunks of `BLOCK_E` with an online softmax (running max and
+sum, FlashAttention style) and fp32 accumulation, then stores the row and its log-sum-exp. Backward: one program per
+row recomputes the scores from the log-sum-exp, writes dQ and the bias / weight gradients of its edges and adds dK /
+dV into fp32 buffers with atomics; nothing of size `E x d` is ever stored. Empty rows give zeros; duplicate edges
+count separately (nothing coalesces them), exactly like the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..csr import row_pointers
+from ..edgelist import sort_edges
+from .launch import block_d, check_dtypes
+
+BLOCK_E = 32
+
+
+@triton.jit
+def _edge_fwd(
+    Q,
+    K,
+    V,
+    CROW,
+    COLS,
+    BIAS,
+    WEIGHT,
+    KEEP,
+    OUT,
+    LSE,
+    scale,
+    keep_scale,
+    sq,
+    sk,
+    sv,
+    so,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    start = tl.load(CROW + row)
+    end = tl.load(CROW + row + 1)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    q = tl.load(Q + row * sq + dim, mask=dim_ok, other=0.0).to(tl.float32)  # (BLOCK_D,)
+    row_max = tl.full([1], float("-inf"), tl.float32)
+    row_sum = tl.zeros([1], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for e0 in range(start, end, BLOCK_E):
+        edge = e0 + tl.arange(0, BLOCK_E)
+        ok = edge < end
+        mask2 = ok[:, None] & dim_ok[None, :]
+        col = tl.load(COLS + edge, mask=ok, other=0).to(tl.int64)
+        k_rows = tl.load(K + col[:, None] * sk + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+        score = tl.sum(k_rows * q[None, :], 1) * scale  # (BLOCK_E,)
+        if HAS_BIAS:
+            score += tl.load(BIAS + edge, mask=ok, other=0.0).to(tl.float32)
+        score = tl.where(ok, score, float("-inf"))
+        m_new = tl.maximum(row_max, tl.max(score, 0))
+        # Only -inf so far (masked edges): a finite shift keeps exp(-inf - shift) = 0 instead of NaN.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(row_max - shift)
+        p = tl.exp(score - shift)
+        row_sum = row_sum * alpha + tl.sum(p, 0)
+        if HAS_KEEP:
+            p = p * tl.load(KEEP + edge, mask=ok, other=0).to(tl.float32) * keep_scale
+        if HAS_WEIGHT:
+            p = p * tl.load(WEIGHT + edge, mask=ok, other=0.0).to(tl.float32)
+        v_rows = tl.load(V + col[:, None] * sv + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v_rows, 0)
+        row_max = m_new
+    has_mass = row_sum > 0.0
+    out = acc / tl.where(has_mass, row_sum, 1.0)
+    tl.store(OUT + row * so + dim, out.to(OUT.dtype.element_ty), mask=dim_ok)
+    # Empty rows store lse = 0, so backward recomputes exact-zero probabilities for them.
+    lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
+    tl.store(LSE + row + tl.arange(0, 1), lse)
+
+
+@triton.jit
+def _edge_bwd(
+    Q,
+    K,
+    V,
+    CROW,
+    COLS,
+    BIAS,
+    WEIGHT,
+    KEEP,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DK,
+    DV,
+    DBIAS,
+    DWEIGHT,
+    scale,
+    keep_scale,
+    sq,
+    sk,
+    sv,
+    sdo,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    NEED_BIAS: tl.constexpr,
+    NEED_WEIGHT: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    start = tl.load(CROW + row)
+    end = tl.load(CROW + row + 1)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    q = tl.load(Q + row * sq + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + row * sdo + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    lse = tl.load(LSE + row + tl.arange(0, 1))  # (1,)
+    delta = tl.load(DELTA + row + tl.arange(0, 1))  # rowsum(dO * O)
+    dq = tl.zeros([BLOCK_D], tl.float32)
+    for e0 in range(start, end, BLOCK_E):
+        edge = e0 + tl.arange(0, BLOCK_E)
+        ok = edge < end
+        mask2 = ok[:, None] & dim_ok[None, :]
+        col = tl.load(COLS + edge, mask=ok, other=0).to(tl.int64)
+        k_rows = tl.load(K + col[:, None] * sk + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+        v_rows = tl.load(V + col[:, None] * sv + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+        score = tl.sum(k_rows * q[None, :], 1) * scale
+        if HAS_BIAS:
+            score += tl.load(BIAS + edge, mask=ok, other=0.0).to(tl.float32)
+        score = tl.where(ok, score, float("-inf"))
+        p = tl.exp(score - lse)  # recomputed probabilities, (BLOCK_E,)
+        grad_final = tl.sum(v_rows * do[None, :], 1)  # d loss / d (p * keep * weight)
+        factor = tl.where(ok, 1.0, 0.0)
+        if HAS_KEEP:
+            factor = factor * tl.load(KEEP + edge, mask=ok, other=0).to(tl.float32) * keep_scale
+        if NEED_WEIGHT:
+            tl.store(DWEIGHT + edge, p * factor * grad_final, mask=ok)
+        if HAS_WEIGHT:
+            factor = factor * tl.load(WEIGHT + edge, mask=ok, other=0.0).to(tl.float32)
+        grad_s = p * (grad_final * factor - delta)
+        grad_s = tl.where(ok, grad_s, 0.0)
+        if NEED_BIAS:
+            tl.store(DBIAS + edge, grad_s, mask=ok)
+        dq += tl.sum(grad_s[:, None] * k_rows, 0) * scale
+        tl.atomic_add(DK + col[:, None] * D + dim[None, :], (grad_s * scale)[:, None] * q[None, :], mask=mask2)
+        tl.atomic_add(DV + col[:, None] * D + dim[None, :], (p * factor)[:, None] * do[None, :], mask=mask2)
+    tl.store(DQ + row * D + dim, dq, mask=dim_ok)
+
+
+class EdgeAttentionTriton(torch.autograd.Function):
+    """Autograd wrapper of the two kernels; see [`edge_attention_triton`] for the arguments."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, weight, crow, cols, keep, keep_scale, scale):
+        num_rows, D = q.shape
+        out = torch.empty(num_rows, D, dtype=q.dtype, device=q.device)
+        lse = torch.empty(num_rows, dtype=torch.float32, device=q.device)
+        meta = _meta(D, bias, weight, keep)
+        if num_rows > 0:
+            _edge_fwd[(num_rows,)](
+                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), out, lse, scale, keep_scale,
+                q.stride(0), k.stride(0), v.stride(0), out.stride(0), **meta,
+            )  # fmt: skip
+        ctx.save_for_backward(q, k, v, bias, weight, crow, cols, keep, out, lse)
+        ctx.keep_scale, ctx.scale = keep_scale, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, bias, weight, crow, cols, keep, out, lse = ctx.saved_tensors
+        num_rows, D = q.shape
+        need_bias = bias is not None and ctx.needs_input_grad[3]
+        need_weight = weight is not None and ctx.needs_input_grad[4]
+        if grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        delta = (grad_out.float() * out.float()).sum(-1)  # (R,)
+        dq = torch.zeros(num_rows, D, dtype=torch.float32, device=q.device)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
+        dbias = torch.zeros(cols.shape, dtype=torch.float32, device=q.device) if need_bias else None
+        dweight = torch.zeros(cols.shape, dtype=torch.float32, device=q.device) if need_weight else None
+        if num_rows > 0:
+            _edge_bwd[(num_rows,)](
+                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), grad_out, lse, delta,
+                dq, dk, dv, _or(dbias, dq), _or(dweight, dq), ctx.scale, ctx.keep_scale,
+                q.stride(0), k.stride(0), v.stride(0), grad_out.stride(0),
+                NEED_BIAS=need_bias, NEED_WEIGHT=need_weight, **_meta(D, bias, weight, keep),
+            )  # fmt: skip
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dweight, None, None, None, None, None
+
+
+def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
+    # Absent optional inputs still need a pointer argument; the constexpr flags keep the kernel from reading it.
+    return placeholder if tensor is None else tensor
+
+
+def _meta(head_dim: int, bias, weight, keep) -> dict:
+    return {
+        "D": head_dim,
+        "BLOCK_D": block_d(head_dim),
+        "BLOCK_E": BLOCK_E,
+        "HAS_BIAS": bias is not None,
+        "HAS_WEIGHT": weight is not None,
+        "HAS_KEEP": keep is not None,
+    }
+
+
+def edge_attention_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rows: Tensor,
+    cols: Tensor,
+    *,
+    logit_bias: Tensor | None,
+    edge_weight: Tensor | None,
+    scale: float | None,
+    keep: Tensor | None,
+    dropout_p: float,
+    sorted_rows: bool,
+) -> Tensor:
+    """Triton implementation of [`attnzoo.kernels.edge_attention`] with an explicit dropout keep-mask.
+
+    Args:
+        q (`torch.Tensor` of shape `(R, d)`): query rows; fp32, bf16 or fp16 (k and v of the same dtype).
+        k, v (`torch.Tensor` of shape `(C, d)`): key and value rows.
+        rows, cols (`torch.LongTensor` of shape `(E,)`): query and key row of every edge.
+        logit_bias (`torch.Tensor` of shape `(E,)`, *optional*): added to the scaled logits (differentiable).
+        edge_weight (`torch.Tensor` of shape `(E,)`, *optional*): multiplies the probabilities (differentiable).
+        scale (`float`, *optional*): logit scale, `d ** -0.5` by default.
+        keep (`torch.BoolTensor` of shape `(E,)`, *optional*): dropout keep-mask in the caller's edge order.
+        dropout_p (`float`): probability `keep` was drawn with.
+        sorted_rows (`bool`): `rows` is already non-decreasing (skips the sort).
+
+    Returns:
+        `torch.Tensor` of shape `(R, d)` in the dtype of `q`.
+    """
+    check_dtypes(q, k, v)
+    num_rows = q.shape[0]
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if not sorted_rows:
+        rows, cols, (logit_bias, edge_weight, keep) = sort_edges(rows, cols, num_rows, logit_bias, edge_weight, keep)
+    crow = row_pointers(rows, num_rows)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    keep_scale = 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)
+    keep = None if keep is None else keep.contiguous().view(torch.uint8)
+    bias = None if logit_bias is None else logit_bias.contiguous()
+    weight = None if edge_weight is None else edge_weight.contiguous()
+    return EdgeAttentionTriton.apply(q, k, v, bias, weight, crow, cols.contiguous(), keep, keep_scale, scale)

@@ -1,0 +1,382 @@
+"""Triton gathered attention: every query reads its own K slots, each a weighted mix of J key rows.
+
+Slot `s` of query `n` mixes the key rows `idx[n, s, :]` with the weights `weight[n, s, :]`:
+`k~_s = sum_j w_sj k[idx_sj]` (likewise `v~_s`), so Smart Bird's sampled keys are `J = 1` and A²-Former's
+linear interpolation between `floor(p)` and `floor(p) + 1` is `J = 2` with weights `(1 - frac, frac)`. The logit of a
+slot is `bias_s + scale * <q, k~_s>` (the dot product only with `DOT`), the softmax runs over the K slots, dropout
+multiplies the probabilities and `out = sum_s p_s keep_s v~_s`.
+
+Forward: one program per block of `BLOCK_M` queries of one (batch, head), an online softmax over the slots
+(FlashAttention's running max and sum), fp32 accumulation; it stores the output and the row log-sum-exp. Backward
+recomputes every score from the log-sum-exp, writes dQ, the weight and bias gradients directly and accumulates dK /
+dV with fp32 atomic adds, so no `(N, K, d)` tensor exists in either pass. Each query has its own key rows, so there is
+no shared tile for tensor cores: the kernels are bound by the gathers' memory traffic.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .launch import block_d, check_dtypes, row_strides
+
+
+@triton.jit
+def _slot_entry(
+    IDX,
+    WEIGHT,
+    entry,
+    ok,
+    HAS_WEIGHT: tl.constexpr,
+):
+    """Key position and mixing weight of one entry of a slot for every query of the block."""
+    key = tl.load(IDX + entry, mask=ok, other=0)
+    w = tl.load(WEIGHT + entry, mask=ok, other=0.0).to(tl.float32) if HAS_WEIGHT else tl.where(ok, 1.0, 0.0)
+    return key, w
+
+
+@triton.jit
+def _slot_valid_and_bias(VALID, BIAS, slot, row_ok, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Which queries of the block use this slot, and the slot's logit bias (0 without one)."""
+    ok = row_ok
+    if HAS_VALID:
+        ok = ok & (tl.load(VALID + slot, mask=row_ok, other=0) != 0)
+    bias = tl.load(BIAS + slot, mask=ok, other=0.0).to(tl.float32) if HAS_BIAS else tl.where(ok, 0.0, 0.0)
+    return ok, bias
+
+
+@triton.jit
+def _gathered_fwd(
+    Q,
+    K,
+    V,
+    IDX,
+    WEIGHT,
+    VALID,
+    BIAS,
+    KEEP,
+    OUT,
+    LSE,
+    num_heads,
+    num_queries,
+    num_keys,
+    num_slots,
+    scale,
+    keep_scale,
+    sq_b,
+    sq_h,
+    sq_n,
+    sk_b,
+    sk_h,
+    sk_n,
+    sv_b,
+    sv_h,
+    sv_n,
+    so_b,
+    so_h,
+    so_n,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    J: tl.constexpr,
+    DOT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_VALID: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+):
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // num_heads
+    h = bh % num_heads
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    row_ok = rows < num_queries
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    q_ptr = Q + b * sq_b + h * sq_h + rows[:, None].to(tl.int64) * sq_n + dim[None, :]
+    q = tl.load(q_ptr, mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
+    k_base = K + b * sk_b + h * sk_h
+    v_base = V + b * sv_b + h * sv_h
+    # Slot s of query n is entry (bh * Nq + n) * S + s of the (B, H, Nq, S[, J]) index tensors.
+    slot_base = (bh * num_queries + rows) * num_slots  # (BLOCK_M,)
+
+    row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(0, num_slots):
+        slot = slot_base + s
+        ok, logit = _slot_valid_and_bias(VALID, BIAS, slot, row_ok, HAS_VALID, HAS_BIAS)
+        mask2 = ok[:, None] & dim_ok[None, :]
+        v_mix = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for j in tl.static_range(J):
+            key, w = _slot_entry(IDX, WEIGHT, slot * J + j, ok, HAS_WEIGHT)
+            key = key.to(tl.int64)
+            if DOT:
+                k_rows = tl.load(k_base + key[:, None] * sk_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+                logit += w * tl.sum(q * k_rows, 1) * scale
+            v_rows = tl.load(v_base + key[:, None] * sv_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+            v_mix += w[:, None] * v_rows
+        logit = tl.where(ok, logit, float("-inf"))
+        m_new = tl.maximum(row_max, logit)
+        # A row that has seen only -inf logits keeps a finite shift, so exp(-inf - shift) = 0 and never NaN.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(row_max - shift)
+        p = tl.exp(logit - shift)
+        row_sum = row_sum * alpha + p
+        if HAS_KEEP:
+            p = p * tl.load(KEEP + slot, mask=ok, other=0).to(tl.float32) * keep_scale
+        acc = acc * alpha[:, None] + p[:, None] * v_mix
+        row_max = m_new
+    has_mass = row_sum > 0.0
+    out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
+    o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    # Empty rows store lse = 0: their recomputed probabilities exp(-inf - 0) are exact zeros in backward.
+    lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
+    tl.store(LSE + bh * num_queries + rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _gathered_bwd(
+    Q,
+    K,
+    V,
+    IDX,
+    WEIGHT,
+    VALID,
+    BIAS,
+    KEEP,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DK,
+    DV,
+    DWEIGHT,
+    DBIAS,
+    num_heads,
+    num_queries,
+    num_keys,
+    num_slots,
+    scale,
+    keep_scale,
+    sq_b,
+    sq_h,
+    sq_n,
+    sk_b,
+    sk_h,
+    sk_n,
+    sv_b,
+    sv_h,
+    sv_n,
+    sdo_b,
+    sdo_h,
+    sdo_n,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    J: tl.constexpr,
+    DOT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_VALID: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_KEEP: tl.constexpr,
+    NEED_WEIGHT: tl.constexpr,
+    NEED_BIAS: tl.constexpr,
+):
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // num_heads
+    h = bh % num_heads
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_queries
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    rows64 = rows[:, None].to(tl.int64)
+    row_mask2 = row_ok[:, None] & dim_ok[None, :]
+    q = tl.load(Q + b * sq_b + h * sq_h + rows64 * sq_n + dim[None, :], mask=row_mask2, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdo_b + h * sdo_h + rows64 * sdo_n + dim[None, :], mask=row_mask2, other=0.0)
+    do = do.to(tl.float32)  # (BLOCK_M, BLOCK_D)
+    lse = tl.load(LSE + bh * num_queries + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + bh * num_queries + rows, mask=row_ok, other=0.0)  # rowsum(dO * O)
+    k_base = K + b * sk_b + h * sk_h
+    v_base = V + b * sv_b + h * sv_h
+    # dK / dV are fp32 (B * H, Nk, D) contiguous accumulators.
+    dk_base = DK + bh * num_keys * D
+    dv_base = DV + bh * num_keys * D
+    slot_base = (bh * num_queries + rows) * num_slots
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in range(0, num_slots):
+        slot = slot_base + s
+        ok, logit = _slot_valid_and_bias(VALID, BIAS, slot, row_ok, HAS_VALID, HAS_BIAS)
+        mask2 = ok[:, None] & dim_ok[None, :]
+        grad_mix = tl.zeros([BLOCK_M], tl.float32)  # <dO, v~_s>
+        for j in tl.static_range(J):
+            key, w = _slot_entry(IDX, WEIGHT, slot * J + j, ok, HAS_WEIGHT)
+            key = key.to(tl.int64)
+            if DOT:
+                k_rows = tl.load(k_base + key[:, None] * sk_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+                logit += w * tl.sum(q * k_rows, 1) * scale
+            v_rows = tl.load(v_base + key[:, None] * sv_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+            grad_mix += w * tl.sum(do * v_rows, 1)
+        logit = tl.where(ok, logit, float("-inf"))
+        p = tl.exp(logit - lse)  # recomputed softmax probability of the slot
+        grad_p = grad_mix  # d loss / d p_s = keep factor * <dO, v~_s>
+        if HAS_KEEP:
+            factor = tl.load(KEEP + slot, mask=ok, other=0).to(tl.float32) * keep_scale
+            grad_p = grad_p * factor
+            kept = p * factor
+        else:
+            kept = p
+        grad_s = p * (grad_p - delta)  # softmax backward; delta = sum_s p_s grad_p_s = <dO, O>
+        grad_s = tl.where(ok, grad_s, 0.0)
+        if NEED_BIAS:
+            tl.store(DBIAS + slot, grad_s, mask=row_ok)
+        # Second pass over the entries (re-read rows hit the cache): scatter dK / dV, gather dQ, weight gradients.
+        for j in tl.static_range(J):
+            key, w = _slot_entry(IDX, WEIGHT, slot * J + j, ok, HAS_WEIGHT)
+            key = key.to(tl.int64)
+            grad_w = tl.zeros([BLOCK_M], tl.float32)
+            if DOT:
+                k_ptr = key[:, None] * sk_n + dim[None, :]
+                k_rows = tl.load(k_base + k_ptr, mask=mask2, other=0.0).to(tl.float32)
+                dq += (grad_s * w * scale)[:, None] * k_rows
+                dk_ptr = dk_base + key[:, None] * D + dim[None, :]
+                tl.atomic_add(dk_ptr, (grad_s * w * scale)[:, None] * q, mask=mask2)
+                if NEED_WEIGHT:
+                    grad_w += grad_s * scale * tl.sum(q * k_rows, 1)
+            dv_ptr = dv_base + key[:, None] * D + dim[None, :]
+            tl.atomic_add(dv_ptr, (kept * w)[:, None] * do, mask=mask2)
+            if NEED_WEIGHT:
+                v_rows = tl.load(v_base + key[:, None] * sv_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
+                grad_w += kept * tl.sum(do * v_rows, 1)
+                tl.store(DWEIGHT + slot * J + j, tl.where(ok, grad_w, 0.0), mask=row_ok)
+    tl.store(DQ + bh * num_queries * D + rows64 * D + dim[None, :], dq, mask=row_mask2)
+
+
+class GatheredAttentionTriton(torch.autograd.Function):
+    """Autograd wrapper of the two kernels; see [`gathered_attention_triton`] for the arguments."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, weight, bias, idx, valid, keep, keep_scale, scale, dot_product):
+        B, H, Nq, D = q.shape
+        num_slots = idx.shape[3]
+        entries = idx.shape[4]
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty(B * H * Nq, dtype=torch.float32, device=q.device)
+        meta = _meta(D, entries, dot_product, weight, valid, bias, keep)
+        grid = (triton.cdiv(Nq, meta["BLOCK_M"]), B * H)
+        if Nq > 0 and B * H > 0:
+            _gathered_fwd[grid](
+                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), out, lse,
+                H, Nq, k.shape[2], num_slots, scale, keep_scale,
+                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
+                **meta,
+            )  # fmt: skip
+        ctx.save_for_backward(q, k, v, weight, bias, idx, valid, keep, out, lse)
+        ctx.keep_scale, ctx.scale, ctx.dot_product = keep_scale, scale, dot_product
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, weight, bias, idx, valid, keep, out, lse = ctx.saved_tensors
+        B, H, Nq, D = q.shape
+        Nk = k.shape[2]
+        num_slots, entries = idx.shape[3], idx.shape[4]
+        need_weight = weight is not None and ctx.needs_input_grad[3]
+        need_bias = bias is not None and ctx.needs_input_grad[4]
+        if grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        delta = (grad_out.float() * out.float()).sum(-1).reshape(-1)  # (B * H * Nq,)
+        dq = torch.zeros(B * H, Nq, D, dtype=torch.float32, device=q.device)
+        dk = torch.zeros(B * H, Nk, D, dtype=torch.float32, device=q.device)
+        dv = torch.zeros(B * H, Nk, D, dtype=torch.float32, device=q.device)
+        dweight = torch.zeros(idx.shape, dtype=torch.float32, device=q.device) if need_weight else None
+        dbias = torch.zeros(idx.shape[:4], dtype=torch.float32, device=q.device) if need_bias else None
+        meta = _meta(D, entries, ctx.dot_product, weight, valid, bias, keep)
+        grid = (triton.cdiv(Nq, meta["BLOCK_M"]), B * H)
+        if Nq > 0 and B * H > 0:
+            _gathered_bwd[grid](
+                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), grad_out, lse,
+                delta, dq, dk, dv, _or(dweight, dq), _or(dbias, dq),
+                H, Nq, Nk, num_slots, ctx.scale, ctx.keep_scale,
+                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(grad_out),
+                NEED_WEIGHT=need_weight, NEED_BIAS=need_bias, **meta,
+            )  # fmt: skip
+        dq = dq.view(B, H, Nq, D).to(q.dtype) if ctx.dot_product else None
+        dk = dk.view(B, H, Nk, D).to(k.dtype) if ctx.dot_product else None
+        return dq, dk, dv.view(B, H, Nk, D).to(v.dtype), dweight, dbias, None, None, None, None, None, None
+
+
+def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
+    # Absent optional inputs still need a pointer argument; the constexpr flags keep the kernel from reading it.
+    return placeholder if tensor is None else tensor
+
+
+def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep) -> dict:
+    width = block_d(head_dim)
+    return {
+        "D": head_dim,
+        "BLOCK_D": width,
+        # ~4K gathered elements per load keeps registers in check for every head size up to 256.
+        "BLOCK_M": max(16, min(64, 4096 // width)),
+        "J": entries,
+        "DOT": dot_product,
+        "HAS_WEIGHT": weight is not None,
+        "HAS_VALID": valid is not None,
+        "HAS_BIAS": bias is not None,
+        "HAS_KEEP": keep is not None,
+    }
+
+
+def gathered_attention_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    idx: Tensor,
+    valid: Tensor | None = None,
+    *,
+    weight: Tensor | None = None,
+    logit_bias: Tensor | None = None,
+    dot_product: bool = True,
+    scale: float | None = None,
+    keep: Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Triton gathered attention (arguments as [`attnzoo.kernels.gathered_attention`], inputs already checked).
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, Nq, d)`): queries; fp32, bf16 or fp16 (k and v of the same dtype).
+        k, v (`torch.Tensor` of shape `(B, H, Nk, d)`): keys and values.
+        idx (`torch.LongTensor` of shape `(B, H, Nq, K)` or `(B, H, Nq, K, J)`): key rows of every slot entry.
+        valid (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): slots to use.
+        weight (`torch.Tensor` of the shape of `idx`, *optional*): mixing weights of the entries.
+        logit_bias (`torch.Tensor` of shape `(B, H, Nq, K)`, *optional*): added to the slot logits.
+        dot_product (`bool`): whether the logits include `scale * <q, k~>`.
+        scale (`float`, *optional*): logit scale, `d ** -0.5` by default.
+        keep (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): dropout keep-mask.
+        dropout_p (`float`): probability `keep` was drawn with.
+
+    Returns:
+        `torch.Tensor` of shape `(B, H, Nq, d)` in the dtype of `q`.
+    """
+    check_dtypes(q, k, v)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if idx.dim() == 4:
+        idx = idx[..., None]
+        weight = None if weight is None else weight[..., None]
+    if valid is not None:
+        # Invalid slots may hold padding such as -1: the kernel masks their loads, the index only has to exist.
+        valid = valid.contiguous().view(torch.uint8)
+    keep_scale = 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)
+    if keep is not None:
+        keep = keep.contiguous().view(torch.uint8)
+    if weight is not None:
+        weight = weight.contiguous()
+    if logit_bias is not None:
+        logit_bias = logit_bias.expand(idx.shape[:4]).contiguous()
+    return GatheredAttentionTriton.apply(
+        q, k, v, weight, logit_bias, idx.contiguous(), valid, keep, keep_scale, scale, dot_product
+    )

@@ -1,0 +1,31 @@
+"""Launch helpers shared by the Triton kernels: dtypes they accept, head-size blocks, strides."""
+
+from __future__ import annotations
+
+import torch
+import triton
+from torch import Tensor
+
+#: dtypes the kernels load (and accumulate in fp32); fp64 stays on the torch paths.
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_dtypes(*tensors: Tensor) -> None:
+    """Raise `ValueError` unless every tensor has one dtype the kernels take."""
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in TRITON_DTYPES:
+        raise ValueError(
+            f"The Triton kernels take q, k and v of one dtype among {TRITON_DTYPES}, got {sorted(map(str, dtypes))}."
+        )
+
+
+def block_d(head_dim: int) -> int:
+    """Power-of-two tile width covering the head size (tl.arange needs a power of two); extra lanes are masked."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def row_strides(x: Tensor) -> tuple[int, ...]:
+    """Strides of every axis but the last of a `(..., N, d)` tensor whose last axis is contiguous."""
+    if x.stride(-1) != 1:
+        raise ValueError("the last axis must be contiguous")
+    return tuple(x.stride()[:-1])
