@@ -304,6 +304,10 @@ class FSATAttention(ZooAttention):
             out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
         return AttentionOutput(hidden_states=out)
 
+    # A compiler boundary: edge selection has data-dependent shapes and the edge kernel's custom autograd Function
+    # breaks dynamo's automatic-dynamic shapes pass (IndexError in torch 2.13), so under `torch.compile` this part
+    # runs eagerly (one graph break per layer) and the rest of the model is compiled.
+    @torch.compiler.disable
     def sparse_attend(
         self,
         q: torch.Tensor,

@@ -75,6 +75,10 @@ class SmartBirdAttention(ZooAttention):
             generator=generator,
         )
 
+    # A compiler boundary: the gathered kernel's custom autograd Function breaks dynamo's automatic-dynamic shapes
+    # pass (IndexError in torch 2.13), so under `torch.compile` this attention runs eagerly (one graph break per
+    # layer) and the rest of the model is compiled.
+    @torch.compiler.disable
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
         idx, valid = self.select(q, key_valid)  # (B, H, N, K)
         density = self._density(valid, key_valid)
