@@ -17,6 +17,10 @@
 RoBERTa numbers positions from `padding_idx + 1`; its first `padding_idx + 1` position rows are dropped so that
 position 0 of the zoo is RoBERTa's first real position. The decoder weights are tied to the embeddings and need no
 entry. A sparse method's own parameters are absent from the checkpoint and keep their fresh initialisation.
+
+A BERT2BERT warm start (Rothe et al., 2020) also fills the seq2seq decoder from the same encoder layers
+([`decoder_name`]): self-attention, its LayerNorm and the FFN of layer `i` go to decoder layer `i`; cross-attention
+has no source and starts fresh.
 """
 
 from __future__ import annotations
@@ -43,8 +47,41 @@ _RULES: list[tuple[str, str]] = [
     (r"^lm_head\.layer_norm\.", "lm_head.LayerNorm."),
     (r"^lm_head\.bias$", "lm_head.bias"),
 ]
-# Tied copies of the embeddings and buffers that the zoo computes on the fly.
-_SKIP = re.compile(r"(decoder\.weight|decoder\.bias|position_ids|token_type_ids)$")
+#: Tied copies of the embeddings / LM bias and buffers that the zoo computes on the fly.
+TIED_OR_BUFFER = re.compile(r"(decoder\.weight|decoder\.bias|position_ids|token_type_ids)$")
+_PREFIX = re.compile(r"^(bert|roberta)\.")
+
+# Zoo encoder name -> zoo decoder name of the BERT2BERT warm start (same layer index).
+_DECODER_RULES: list[tuple[str, str]] = [
+    (r"^encoder\.layers\.(\d+)\.attention\.", r"decoder.layers.\1.self_attn."),
+    (r"^encoder\.layers\.(\d+)\.attention_residual\.", r"decoder.layers.\1.self_attn_residual."),
+    (r"^encoder\.layers\.(\d+)\.ffn\.", r"decoder.layers.\1.ffn."),
+    (r"^encoder\.layers\.(\d+)\.ffn_residual\.", r"decoder.layers.\1.ffn_residual."),
+    (r"^encoder\.embeddings\.LayerNorm\.", "decoder.embed_norm."),
+    (r"^encoder\.embeddings\.position_embeddings\.", "decoder.embed_positions."),
+]
+
+
+def strip_model_prefix(name: str) -> str:
+    """A checkpoint weight name without the `bert.` / `roberta.` base-model prefix."""
+    return _PREFIX.sub("", name)
+
+
+def zoo_name(name: str) -> str | None:
+    """The zoo name of a BERT/RoBERTa weight (prefix stripped or not), or `None` when no rule maps it."""
+    stripped = strip_model_prefix(name)
+    for pattern, replacement in _RULES:
+        if re.search(pattern, stripped):
+            return re.sub(pattern, replacement, stripped)
+    return None
+
+
+def decoder_name(encoder_name: str) -> str | None:
+    """The decoder weight that a zoo encoder weight also initialises in a BERT2BERT warm start, or `None`."""
+    for pattern, replacement in _DECODER_RULES:
+        if re.search(pattern, encoder_name):
+            return re.sub(pattern, replacement, encoder_name)
+    return None
 
 
 def convert_bert_state_dict(
@@ -68,14 +105,10 @@ def convert_bert_state_dict(
     """
     converted = {}
     for name, tensor in state_dict.items():
-        stripped = re.sub(r"^(bert|roberta)\.", "", name)
-        if _SKIP.search(stripped):
+        if TIED_OR_BUFFER.search(strip_model_prefix(name)):
             continue
-        for pattern, replacement in _RULES:
-            if re.search(pattern, stripped):
-                new = re.sub(pattern, replacement, stripped)
-                break
-        else:
+        new = zoo_name(name)
+        if new is None:
             raise ValueError(f"No attnzoo name for checkpoint weight {name!r}.")
         if new.endswith("position_embeddings.weight") and roberta_position_offset:
             tensor = tensor[roberta_position_offset:]

@@ -68,7 +68,10 @@ class PublishOptions:
     task_type: str | None = _help("Hub task of the results and pipeline tag (default: from the model head).")
     license: str = _help("Licence of the weights.", "apache-2.0")
     language: str | None = _help("Language code of the data, e.g. 'en'.")
-    base_model: str | None = _help("Hub id of the checkpoint this model was fine-tuned from.")
+    base_model: str | None = _help(
+        "Hub id of the checkpoint this model was fine-tuned from (default: the Hub source of the checkpoint's "
+        "conversion_report.json, when it was converted from BERT / RoBERTa)."
+    )
     training_summary: str | None = _help("How the model was trained, Markdown text or '@file.md'.")
     model_name: str | None = _help("Title of the card and name in model-index (default: the repository name).")
     card_dir: str | None = _help("Folder of TEMPLATE.md and <family>.md (default: the checkout's model_cards/).")
@@ -176,6 +179,14 @@ def _numel(handle: Any, key: str) -> int:
     return count
 
 
+def _converted_from(checkpoint: Path) -> str | None:
+    """The Hub id a checkpoint was converted from (its conversion report's `base_model`), if any."""
+    from ..conversion import read_report
+
+    report = read_report(checkpoint)
+    return report.base_model if report is not None else None
+
+
 def _prepare_output(checkpoint: Path, output: Path, overwrite: bool) -> None:
     if output.resolve() == checkpoint.resolve():
         raise PublishError("`output_dir` must differ from the checkpoint folder.")
@@ -230,7 +241,7 @@ def assemble(options: PublishOptions) -> Assembled:
         dataset_config=options.dataset_config,
         license=options.license,
         language=options.language,
-        base_model=options.base_model,
+        base_model=options.base_model or _converted_from(checkpoint),
         training_summary=_text_or_file(options.training_summary),
         model_summary=_model_summary(config, weights, checkpoint, auto_class == "AutoModelForSeq2SeqLM"),
         requirements=code.requirements,

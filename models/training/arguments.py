@@ -29,7 +29,8 @@ class ModelArguments:
     `model_name_or_path` alone loads a checkpoint (to fine-tune or continue); both together warm-start the
     architecture of `config_path` from the checkpoint (e.g. a dense MLM into a sparse family): parameters are loaded
     name for name, the method's own new parameters are initialised fresh, and the missing/unexpected keys are
-    reported.
+    reported. With `family`, `model_name_or_path` is a BERT / RoBERTa checkpoint that is first converted into that
+    family at `max_position_embeddings` positions (into `<output_dir>/converted`, see `attnzoo.conversion`).
 
     Args:
         config_path (`str`, *optional*):
@@ -44,6 +45,11 @@ class ModelArguments:
             (e.g. `"hidden_dropout_prob=0.0,num_hidden_layers=4"`). Unknown fields are an error.
         cache_dir (`str`, *optional*):
             Cache folder for Hub downloads.
+        family (`str`, *optional*):
+            Convert the BERT / RoBERTa `model_name_or_path` into this `model_type` first (`config_overrides` set its
+            method fields); the run then trains the converted checkpoint.
+        max_position_embeddings (`int`, *optional*):
+            Length of that conversion (required with `family`).
     """
 
     config_path: str | None = field(
@@ -59,10 +65,31 @@ class ModelArguments:
         default=None, metadata={"help": "Config fields to override, 'field=value,field=value'."}
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for Hub downloads."})
+    family: str | None = field(
+        default=None, metadata={"help": "Convert the BERT/RoBERTa model_name_or_path into this model_type first."}
+    )
+    max_position_embeddings: int | None = field(
+        default=None, metadata={"help": "Length of the conversion (with --family)."}
+    )
 
     def __post_init__(self) -> None:
         if self.config_path is None and self.model_name_or_path is None:
             raise ValueError("Give `config_path` (a fresh model), `model_name_or_path` (a checkpoint), or both.")
+        if self.family is not None:
+            if self.model_name_or_path is None or self.max_position_embeddings is None:
+                raise ValueError(
+                    "`family` converts a BERT / RoBERTa checkpoint: give it as `model_name_or_path`, with the new "
+                    "length as `max_position_embeddings`."
+                )
+            if self.config_path is not None:
+                raise ValueError(
+                    "Give either `family` (convert a BERT / RoBERTa checkpoint) or `config_path`, not both."
+                )
+        elif self.max_position_embeddings is not None:
+            raise ValueError(
+                "`max_position_embeddings` is the length of a conversion and needs `family`; to lengthen a fresh "
+                "model use `config_overrides`."
+            )
         if self.tokenizer_name_or_path is None:
             if self.model_name_or_path is None:
                 raise ValueError("`tokenizer_name_or_path` is required when no `model_name_or_path` is given.")

@@ -72,7 +72,9 @@ class TimeLimitCallback(TrainerCallback):
 def finish_run(trainer: Any, metrics: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """
     Write the run's outputs (main process only): `metrics.json` (final metrics, data report, model info and
-    environment), `log_history.json` (every logged value) and `training_curves.png`.
+    environment), `log_history.json` (every logged value) and `training_curves.png`. A model loaded from a converted
+    BERT / RoBERTa checkpoint passes its conversion report on, so the lineage (and the card's `base_model`) follows
+    the model from run to run.
 
     Returns:
         The dictionary written to `metrics.json`.
@@ -94,6 +96,11 @@ def finish_run(trainer: Any, metrics: dict[str, Any], extra: dict[str, Any] | No
         (out / METRICS_FILE).write_text(json.dumps(payload, indent=2, default=str) + "\n")
         (out / LOG_HISTORY_FILE).write_text(json.dumps(trainer.state.log_history, indent=2) + "\n")
         plot_training_curves(trainer.state.log_history, out / PLOT_FILE)
+        source = ((extra or {}).get("model") or {}).get("source")
+        if source is not None:
+            from ..conversion import copy_report
+
+            copy_report(source, out)
         logger.info("Metrics written to %s", out / METRICS_FILE)
     return payload
 

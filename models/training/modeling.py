@@ -3,8 +3,6 @@ families, plus checkpoint discovery for resuming."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 from pathlib import Path
@@ -12,6 +10,8 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel
 from transformers.trainer_utils import get_last_checkpoint
+
+from ..core.config_fields import check_override_fields, parse_config_overrides, tokenizer_special_ids
 
 logger = logging.getLogger(__name__)
 
@@ -21,45 +21,6 @@ def load_tokenizer(name_or_path: str, cache_dir: str | None = None) -> Any:
     if Path(name_or_path).exists() and not (Path(name_or_path) / "tokenizer_config.json").is_file():
         raise ValueError(f"'{name_or_path}' holds no tokenizer (no tokenizer_config.json); train one first.")
     return AutoTokenizer.from_pretrained(name_or_path, cache_dir=cache_dir)
-
-
-def parse_config_overrides(overrides: dict | str | None) -> dict[str, Any]:
-    """`{"a": 1}` or `"a=1,b=0.1,c=true"` -> a dict with JSON-typed values (numbers, booleans, null, strings)."""
-    if overrides is None or overrides == "":
-        return {}
-    if isinstance(overrides, dict):
-        return dict(overrides)
-    result = {}
-    for item in overrides.split(","):
-        if "=" not in item:
-            raise ValueError(f"`config_overrides` items must look like field=value, got {item!r}.")
-        key, value = (part.strip() for part in item.split("=", 1))
-        try:
-            result[key] = json.loads(value)
-        except json.JSONDecodeError:
-            result[key] = value
-    return result
-
-
-def _check_override_fields(config_class: type, overrides: dict[str, Any]) -> None:
-    known = {f.name for f in dataclasses.fields(config_class)} | {"num_labels", "id2label", "label2id", "problem_type"}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(
-            f"Unknown config field(s) {', '.join(unknown)} for {config_class.__name__}; check `config_overrides`."
-        )
-
-
-def _tokenizer_ids(tokenizer: Any) -> dict[str, Any]:
-    """Special-token ids of the tokenizer, for a fresh model (a Hub tokenizer may not use the zoo's 0/2/3)."""
-    bos = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    eos = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    fields = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
-    if bos is not None:
-        fields.update(bos_token_id=bos, decoder_start_token_id=bos)
-    if eos is not None:
-        fields["eos_token_id"] = eos
-    return fields
 
 
 def build_model(
@@ -88,8 +49,8 @@ def build_model(
     info: dict[str, Any] = {}
     if model_args.config_path is not None:
         config = AutoConfig.from_pretrained(model_args.config_path)
-        _check_override_fields(type(config), overrides)
-        fields = {**_tokenizer_ids(tokenizer), **overrides, **task_fields}
+        check_override_fields(type(config), overrides)
+        fields = {**tokenizer_special_ids(tokenizer), **overrides, **task_fields}
         if model_args.model_name_or_path is not None:
             source = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
             # The embeddings come from the checkpoint: keep its vocabulary and special ids.
@@ -106,7 +67,7 @@ def build_model(
             info.update(init="warm_start", source=model_args.model_name_or_path, **_loading_report(loading))
     else:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
-        _check_override_fields(type(config), overrides)
+        check_override_fields(type(config), overrides)
         model, loading = auto_class.from_pretrained(
             model_args.model_name_or_path,
             cache_dir=model_args.cache_dir,
@@ -133,6 +94,47 @@ def _loading_report(loading: dict[str, Any]) -> dict[str, list[str]]:
         if names:
             logger.info("%s (%d): %s", key, len(names), ", ".join(names))
     return report
+
+
+CONVERTED_FOLDER = "converted"
+
+
+def convert_source_checkpoint(model_args: Any, training_args: Any, seq2seq: bool = False) -> Path:
+    """
+    Convert the BERT / RoBERTa `model_args.model_name_or_path` into `model_args.family` at
+    `model_args.max_position_embeddings` positions, into `<output_dir>/converted`, and point `model_args` (and its
+    tokenizer, unless another was named) at the converted folder. A resumed run reuses the folder.
+
+    Returns:
+        The converted folder.
+    """
+    from ..conversion import ConversionArguments, convert_for_training
+
+    folder = Path(training_args.output_dir) / CONVERTED_FOLDER
+    source = model_args.model_name_or_path
+    request = ConversionArguments(
+        model_name_or_path=source,
+        family=model_args.family,
+        max_position_embeddings=model_args.max_position_embeddings,
+        output_dir=str(folder),
+        config_overrides=model_args.config_overrides,
+        seq2seq=seq2seq,
+    )
+    with training_args.main_process_first(desc="checkpoint conversion"):
+        convert_for_training(request, cache_dir=model_args.cache_dir)
+    logger.info(
+        "Converted %s into %s at %d positions: %s",
+        source,
+        model_args.family,
+        model_args.max_position_embeddings,
+        folder,
+    )
+    model_args.model_name_or_path = str(folder)
+    # The conversion applied the overrides; the checkpoint already holds them.
+    model_args.config_overrides = None
+    if model_args.tokenizer_name_or_path == source:
+        model_args.tokenizer_name_or_path = str(folder)
+    return folder
 
 
 def resolve_checkpoint(training_args: Any) -> str | None:

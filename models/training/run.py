@@ -5,17 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from transformers import set_seed
+from transformers import Seq2SeqTrainingArguments, set_seed
 
-from .arguments import parse_arguments
+from .arguments import ModelArguments, parse_arguments
 from .callbacks import setup_logging
-from .modeling import resolve_checkpoint
+from .modeling import convert_source_checkpoint, resolve_checkpoint
 
 
 def start_run(
     dataclass_types: Sequence[type], argv: Sequence[str] | None = None
 ) -> tuple[tuple[Any, ...], str | None]:
-    """Parse the program's argument dataclasses (the last one is the `TrainingArguments`) and prepare the run.
+    """Parse the program's argument dataclasses (the last one is the `TrainingArguments`) and prepare the run: a
+    `ModelArguments.family` converts its BERT / RoBERTa checkpoint first (see [`convert_source_checkpoint`]).
 
     Returns:
         `(parsed arguments, checkpoint to resume from or None)`.
@@ -28,6 +29,11 @@ def start_run(
     training_args.remove_unused_columns = False
     training_args.label_names = ["labels"]
     checkpoint = resolve_checkpoint(training_args)
+    for args in parsed:
+        if isinstance(args, ModelArguments) and args.family is not None:
+            # A seq2seq program gets the BERT2BERT encoder-decoder.
+            seq2seq = isinstance(training_args, Seq2SeqTrainingArguments)
+            convert_source_checkpoint(args, training_args, seq2seq=seq2seq)
     set_seed(training_args.seed)
     return parsed, checkpoint
 
