@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from attnzoo import FAMILIES
 from attnzoo.conversion import REPORT_FILE, ConversionReport, read_report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -128,3 +129,17 @@ def test_publish_takes_base_model_from_the_conversion_report(tmp_path, source_ch
     assert "base_model: me/other" in (assemble(explicit).folder / "README.md").read_text()
     # A checkpoint converted from a local folder has no Hub id to name.
     assert isinstance(report, ConversionReport) and report.base_model is None
+
+
+def test_continue_pretraining_recipe_converts_at_the_length_it_trains():
+    from transformers import TrainingArguments
+
+    from attnzoo.training import MLMDataArguments, ModelArguments, parse_arguments
+
+    recipe = str(REPO_ROOT / "configs" / "train" / "continue_pretraining_long.yaml")
+    model_args, data_args, training_args = parse_arguments(
+        (ModelArguments, MLMDataArguments, TrainingArguments), [recipe]
+    )
+    assert model_args.family in FAMILIES
+    assert model_args.max_position_embeddings == data_args.max_seq_length == 4096
+    assert training_args.eval_on_start
