@@ -1,7 +1,7 @@
-"""Triton kernels == plain references, forward and backward, run under Triton's CPU interpreter.
+"""Triton kernels == plain references, forward and backward: on CPU under Triton's interpreter, and on CUDA (gpu).
 
 `tests/conftest.py` sets `TRITON_INTERPRET=1` on machines without CUDA before anything imports the kernels; the
-shapes are tiny because the interpreter executes every program in numpy.
+shapes are tiny because the interpreter executes every program in numpy. With CUDA the same cases run compiled.
 """
 
 from __future__ import annotations
@@ -12,18 +12,28 @@ import torch
 from attnzoo.kernels import edge_attention, edge_attention_reference, gathered_attention, gathered_attention_reference
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter tests (CUDA: tests/gpu)")
 
+DEVICES = [
+    pytest.param(
+        "cpu",
+        id="interpreter",
+        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernels compile instead"),
+    ),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+]
 B, H, NQ, NK, D, K = 2, 2, 9, 11, 12, 4
 R, C = 13, 10
 HALF = [(torch.bfloat16, 5e-2), (torch.float16, 6e-3)]
 
 
-def _qkv(dtype: torch.dtype, g: torch.Generator, nq: int = NQ, nk: int = NK):
-    q = torch.randn(B, H, nq, D, generator=g).to(dtype).requires_grad_()
-    k = torch.randn(B, H, nk, D, generator=g).to(dtype).requires_grad_()
-    v = torch.randn(B, H, nk, D, generator=g).to(dtype).requires_grad_()
-    return q, k, v
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
+def _leaf(t: torch.Tensor, device: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`t` on `device` (and `dtype`) as a fresh leaf that requires grad."""
+    return t.detach().to(device=device, dtype=dtype or t.dtype).requires_grad_()
 
 
 def _slots(g: torch.Generator, entries: int | None):
@@ -54,20 +64,22 @@ def _assert_close(actual, expected, tol):
         torch.testing.assert_close(a, e, atol=tol * max(float(e.detach().abs().max()), 1.0), rtol=0)
 
 
-def _gathered_case(seed: int, entries: int | None, *, bias: bool, dot_product: bool, dropout: bool):
+def _gathered_case(seed: int, device: str, entries: int | None, *, bias: bool, dot_product: bool, dropout: bool):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = _qkv(torch.float32, g)
+    q = _leaf(torch.randn(B, H, NQ, D, generator=g), device)
+    k, v = (_leaf(torch.randn(B, H, NK, D, generator=g), device) for _ in range(2))
     idx, valid = _slots(g, entries)
-    weight = None if entries is None else torch.rand(idx.shape, generator=g).requires_grad_()
+    weight = None if entries is None else _leaf(torch.rand(idx.shape, generator=g), device)
     logit_bias = None
     if bias:
         logit_bias = torch.randn(B, H, NQ, K, generator=g)
         logit_bias[1, 0, 4] = float("-inf")  # a row whose every logit is -inf
-        logit_bias.requires_grad_()
-    keep = torch.rand(B, H, NQ, K, generator=g) > 0.3 if dropout else None
+        logit_bias = _leaf(logit_bias, device)
+    keep = (torch.rand(B, H, NQ, K, generator=g) > 0.3).to(device) if dropout else None
     kwargs = {"weight": weight, "logit_bias": logit_bias, "dot_product": dot_product, "keep": keep}
     kwargs.update(scale=0.7, dropout_p=0.3 if dropout else 0.0)
-    return (q, k, v, idx, valid), kwargs, torch.randn(B, H, NQ, D, generator=g)
+    grad_out = torch.randn(B, H, NQ, D, generator=g).to(device)
+    return (q, k, v, idx.to(device), valid.to(device)), kwargs, grad_out
 
 
 @pytest.mark.parametrize(
@@ -79,31 +91,31 @@ def _gathered_case(seed: int, entries: int | None, *, bias: bool, dot_product: b
         pytest.param(2, True, False, False, id="two-entries-linear-logits"),
     ],
 )
-def test_gathered_kernel_matches_reference_in_fp32(entries, bias, dot_product, dropout):
-    (q, k, v, idx, valid), kwargs, grad_out = _gathered_case(
-        0, entries, bias=bias, dot_product=dot_product, dropout=dropout
-    )
+def test_gathered_kernel_matches_reference_in_fp32(device, entries, bias, dot_product, dropout):
+    flags = {"bias": bias, "dot_product": dot_product, "dropout": dropout}
+    (q, k, v, idx, valid), kwargs, grad_out = _gathered_case(0, device, entries, **flags)
     inputs = (q, k, v, kwargs["weight"], kwargs["logit_bias"])
     triton = _grads(gathered_attention(q, k, v, idx, valid, backend="triton", **kwargs), inputs, grad_out)
     reference = _grads(gathered_attention_reference(q, k, v, idx, valid, **kwargs), inputs, grad_out)
     _assert_close(triton, reference, 2e-5)
     # Rows without a usable slot are exact zeros, and so are their query gradients.
-    assert torch.equal(triton[0][0, 1, 2], torch.zeros(D))
+    zeros = torch.zeros(D, device=device)
+    assert torch.equal(triton[0][0, 1, 2], zeros)
     if dot_product:
-        assert torch.equal(triton[1][0, 1, 2], torch.zeros(D))
+        assert torch.equal(triton[1][0, 1, 2], zeros)
     if bias:
-        assert torch.equal(triton[0][1, 0, 4], torch.zeros(D))
+        assert torch.equal(triton[0][1, 0, 4], zeros)
 
 
 @pytest.mark.parametrize("dtype,tol", HALF, ids=["bf16", "fp16"])
-def test_gathered_kernel_in_half_precision_matches_fp32_reference(dtype, tol):
-    (q, k, v, idx, valid), kwargs, grad_out = _gathered_case(1, 2, bias=True, dot_product=True, dropout=False)
-    half = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+def test_gathered_kernel_in_half_precision_matches_fp32_reference(device, dtype, tol):
+    (q, k, v, idx, valid), kwargs, grad_out = _gathered_case(1, device, 2, bias=True, dot_product=True, dropout=False)
+    half = [_leaf(t, device, dtype) for t in (q, k, v)]
     out = gathered_attention(*half, idx, valid, backend="triton", **kwargs)
     assert out.dtype == dtype
     triton = _grads(out, (*half, kwargs["weight"], kwargs["logit_bias"]), grad_out.to(dtype))
     # The reference runs in fp32 on the same (rounded) inputs: only the kernel's own rounding remains.
-    exact = [t.detach().float().requires_grad_() for t in half]
+    exact = [_leaf(t, device, torch.float32) for t in half]
     reference = _grads(
         gathered_attention_reference(*exact, idx, valid, **kwargs),
         (*exact, kwargs["weight"], kwargs["logit_bias"]),
@@ -112,49 +124,48 @@ def test_gathered_kernel_in_half_precision_matches_fp32_reference(dtype, tol):
     _assert_close([t.float() for t in triton], reference, tol)
 
 
-def test_gathered_kernel_reads_strided_head_views():
+def test_gathered_kernel_reads_strided_head_views(device):
     # Projections are split into heads by a transpose: the kernel takes those views without copying them.
     g = torch.Generator().manual_seed(2)
-    x = torch.randn(B, NQ, H, D, generator=g)
-    q = x.transpose(1, 2)
+    q = torch.randn(B, NQ, H, D, generator=g).to(device).transpose(1, 2)
     assert not q.is_contiguous()
     idx, valid = _slots(g, None)
-    out = gathered_attention(q, q, q, idx.clamp(max=NQ - 1), valid, backend="triton")
-    expected = gathered_attention_reference(
-        q.contiguous(), q.contiguous(), q.contiguous(), idx.clamp(max=NQ - 1), valid
-    )
+    idx, valid = idx.clamp(max=NQ - 1).to(device), valid.to(device)
+    out = gathered_attention(q, q, q, idx, valid, backend="triton")
+    expected = gathered_attention_reference(q.contiguous(), q.contiguous(), q.contiguous(), idx, valid)
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=0)
 
 
-def _edge_case(seed: int, dtype: torch.dtype = torch.float32):
+def _edge_case(seed: int, device: str, dtype: torch.dtype = torch.float32):
     g = torch.Generator().manual_seed(seed)
     rows = torch.randint(0, R, (60,), generator=g)
     rows = rows[(rows != 3) & (rows != 8)]  # two empty rows
     cols = torch.randint(0, 4, rows.shape, generator=g)  # few keys: many duplicate edges
-    q = torch.randn(R, D, generator=g).to(dtype).requires_grad_()
-    k, v = (torch.randn(C, D, generator=g).to(dtype).requires_grad_() for _ in range(2))
+    q = _leaf(torch.randn(R, D, generator=g), device, dtype)
+    k, v = (_leaf(torch.randn(C, D, generator=g), device, dtype) for _ in range(2))
     bias = torch.randn(rows.shape, generator=g)
     bias[rows == 5] = float("-inf")  # a row whose every logit is -inf
-    bias.requires_grad_()
-    weight = torch.rand(rows.shape, generator=g).requires_grad_()
-    keep = torch.rand(rows.shape, generator=g) > 0.25
-    grad_out = torch.randn(R, D, generator=g).to(dtype)
-    kwargs = {"logit_bias": bias, "edge_weight": weight, "keep": keep, "dropout_p": 0.25, "scale": 0.6}
-    return (q, k, v, rows, cols), kwargs, grad_out
+    weight = torch.rand(rows.shape, generator=g)
+    keep = (torch.rand(rows.shape, generator=g) > 0.25).to(device)
+    grad_out = torch.randn(R, D, generator=g).to(device=device, dtype=dtype)
+    kwargs = {"logit_bias": _leaf(bias, device), "edge_weight": _leaf(weight, device), "keep": keep}
+    kwargs.update(dropout_p=0.25, scale=0.6)
+    return (q, k, v, rows.to(device), cols.to(device)), kwargs, grad_out
 
 
-def test_edge_kernel_matches_reference_in_fp32_with_unsorted_duplicate_edges():
-    (q, k, v, rows, cols), kwargs, grad_out = _edge_case(0)
+def test_edge_kernel_matches_reference_in_fp32_with_unsorted_duplicate_edges(device):
+    (q, k, v, rows, cols), kwargs, grad_out = _edge_case(0, device)
     inputs = (q, k, v, kwargs["logit_bias"], kwargs["edge_weight"])
     triton = _grads(edge_attention(q, k, v, rows, cols, backend="triton", **kwargs), inputs, grad_out)
     reference = _grads(edge_attention_reference(q, k, v, rows, cols, **kwargs), inputs, grad_out)
     _assert_close(triton, reference, 2e-5)
+    zeros = torch.zeros(D, device=device)
     for row in (3, 8, 5):  # empty rows and the -inf row: zeros, with zero query gradients
-        assert torch.equal(triton[0][row], torch.zeros(D)) and torch.equal(triton[1][row], torch.zeros(D))
+        assert torch.equal(triton[0][row], zeros) and torch.equal(triton[1][row], zeros)
 
 
-def test_edge_kernel_sorted_rows_skip_the_sort_and_agree():
-    (q, k, v, rows, cols), kwargs, _ = _edge_case(1)
+def test_edge_kernel_sorted_rows_skip_the_sort_and_agree(device):
+    (q, k, v, rows, cols), kwargs, _ = _edge_case(1, device)
     order = torch.argsort(rows, stable=True)
     sorted_kwargs = {**kwargs, **{name: kwargs[name][order] for name in ("logit_bias", "edge_weight", "keep")}}
     presorted = edge_attention(q, k, v, rows[order], cols[order], sorted_rows=True, backend="triton", **sorted_kwargs)
@@ -162,13 +173,13 @@ def test_edge_kernel_sorted_rows_skip_the_sort_and_agree():
 
 
 @pytest.mark.parametrize("dtype,tol", HALF, ids=["bf16", "fp16"])
-def test_edge_kernel_in_half_precision_matches_fp32_reference(dtype, tol):
-    (q, k, v, rows, cols), kwargs, grad_out = _edge_case(2, dtype)
+def test_edge_kernel_in_half_precision_matches_fp32_reference(device, dtype, tol):
+    (q, k, v, rows, cols), kwargs, grad_out = _edge_case(2, device, dtype)
     inputs = (q, k, v, kwargs["logit_bias"], kwargs["edge_weight"])
     out = edge_attention(q, k, v, rows, cols, backend="triton", **kwargs)
     assert out.dtype == dtype
     triton = _grads(out, inputs, grad_out)
-    exact = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    exact = [_leaf(t, device, torch.float32) for t in (q, k, v)]
     reference = _grads(
         edge_attention_reference(*exact, rows, cols, **kwargs),
         (*exact, kwargs["logit_bias"], kwargs["edge_weight"]),
@@ -177,10 +188,11 @@ def test_edge_kernel_in_half_precision_matches_fp32_reference(dtype, tol):
     _assert_close([t.float() for t in triton], reference, tol)
 
 
-def test_edge_kernel_without_edges_gives_zeros():
-    q, k, v = torch.randn(R, D, requires_grad=True), torch.randn(C, D), torch.randn(C, D)
-    none = torch.zeros(0, dtype=torch.int64)
+def test_edge_kernel_without_edges_gives_zeros(device):
+    q = torch.randn(R, D, device=device, requires_grad=True)
+    k, v = torch.randn(C, D, device=device), torch.randn(C, D, device=device)
+    none = torch.zeros(0, dtype=torch.int64, device=device)
     out = edge_attention(q, k, v, none, none, backend="triton")
-    assert torch.equal(out, torch.zeros(R, D))
+    assert torch.equal(out, torch.zeros(R, D, device=device))
     (grad,) = torch.autograd.grad(out.sum(), q)
-    assert torch.equal(grad, torch.zeros(R, D))
+    assert torch.equal(grad, torch.zeros(R, D, device=device))

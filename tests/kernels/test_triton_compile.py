@@ -1,0 +1,63 @@
+"""The Triton kernels compile for the GPU (sm_90, the H100/H200 of the GPU runs), on a machine without one.
+
+The interpreter tests check the kernels' arithmetic but run them as numpy, so they cannot see what only the compiler
+rejects (a construct `triton.jit` does not lower, mismatched loop-carried types). Triton compiles ahead of time for a
+named target with its bundled LLVM and ptxas, which needs no GPU. It runs in a subprocess because the interpreter
+mode of this test process is decided when the kernels are imported.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent(
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from attnzoo.kernels.triton import edges, gathered
+
+    DTYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "DO": "*bf16", "IDX": "*i64",
+              "CROW": "*i64", "COLS": "*i64", "VALID": "*u8", "KEEP": "*u8"}
+
+    def compile_kernel(kernel, meta):
+        # Launch options (num_warps) are compile options; every other key is a constexpr argument.
+        options = {"num_warps": meta.pop("num_warps")}
+        signature, constexprs = {}, {}
+        for position, name in enumerate(kernel.arg_names):
+            if name in meta:
+                signature[name] = "constexpr"
+                constexprs[(position,)] = meta[name]
+            elif name.isupper():
+                signature[name] = DTYPES.get(name, "*fp32")
+            else:
+                signature[name] = "fp32" if "scale" in name else "i32"
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+    for head_dim, flag in ((64, True), (64, False), (128, True)):
+        meta = gathered._meta(head_dim, 2, flag, *(object() if flag else None for _ in range(4)))
+        compile_kernel(gathered._gathered_fwd, dict(meta))
+        compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=flag, NEED_BIAS=flag))
+        meta = edges._meta(head_dim, *(object() if flag else None for _ in range(3)))
+        compile_kernel(edges._edge_fwd, dict(meta))
+        compile_kernel(edges._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag))
+    print("compiled")
+    """
+)
+
+
+def test_kernels_compile_for_sm90_without_a_gpu(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile for real, and leave no cache behind
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when this default is left unset
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0 and "compiled" in result.stdout, result.stderr[-4000:]
