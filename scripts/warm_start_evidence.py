@@ -1,0 +1,557 @@
+#!/usr/bin/env python
+"""The CPU evidence of issue 21: a small BERT pretrained here, converted into every family, continued at 2048 tokens
+and fine-tuned warm-started vs from scratch.
+
+Each step runs the project's own programs (`train_tokenizer.py`, `run_mlm.py`, `convert_checkpoint.py`,
+`run_glue.py`, `run_summarization.py`) as subprocesses on one CPU thread, logs them under
+`outputs/warm-start/logs/`, and writes what it measured, with the exact commands and the commit, to
+`scripts/results/warm-start/<step>.json`. A run whose output folder already holds `metrics.json` is reused, so an
+interrupted step resumes where it stopped. Run the steps in this order:
+
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py data      # corpus split, tokenizer, SST-2 / IMDB splits
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py source    # BertForMaskedLM pretrained from scratch
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py convert   # every family at 512 and 2048, MLM at 128
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py continue  # MLM at 2048 tokens, fixed budget
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py sst2      # warm vs scratch
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py imdb      # warm (continued) vs scratch, long reviews
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py seq2seq   # BERT2BERT vs scratch, CNN/DM ROUGE
+    python scripts/warm_start_evidence.py table                       # README.md table + curves plot
+
+Models and data go to `outputs/warm-start/` (git-ignored). Budgets are the constants below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from attnzoo.story_format import story_parts
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("ATTNZOO_SHARED_DATA", "/work/shared/data"))
+# Relative to the repository root (the programs run there), so the recorded commands can be pasted as they are.
+WORK = Path("outputs") / "warm-start"
+RESULTS = Path("scripts") / "results" / "warm-start"
+FAMILIES = ("dense_transformer", "smart_bird", "a2former", "sparse_transformer", "fsat", "sbm")
+LENGTHS = (512, 2048)
+#: Fraction of each MLM corpus (by document, from the end) held back as validation text.
+HOLD_OUT = 0.1
+SEED = "42"
+QUIET = ["--report_to", "none", "--disable_tqdm", "true", "--seed", SEED, "--use_cpu"]
+
+#: The source checkpoint: transformers' own BertForMaskedLM, 4 layers, width 256, 4 heads, 512 positions.
+SOURCE_CONFIG = {
+    "model_type": "bert",
+    "architectures": ["BertForMaskedLM"],
+    "vocab_size": 8000,
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 1024,
+    "max_position_embeddings": 512,
+}
+SOURCE = WORK / "bert-source"
+MLM_TRAIN = WORK / "data" / "mlm_train.txt"
+MLM_VALID = WORK / "data" / "mlm_valid.txt"
+#: MLM evaluation right after conversion: 128-token blocks of held-back text.
+EVAL_BLOCKS_128 = 256
+#: Continued pretraining at 2048 tokens: steps of one 2048-token block (x gradient accumulation), and evaluation.
+CONTINUE = {"steps": 120, "accumulation": 2, "learning_rate": "1e-4", "eval_blocks": 16, "eval_steps": 40}
+#: Fine-tuning budgets, identical for warm-started and from-scratch runs.
+SST2 = {"train": 6000, "dev": 1000, "steps": 250, "batch": 32, "length": 64, "learning_rate": "2e-4"}
+IMDB = {"train": 1000, "dev": 500, "steps": 125, "batch": 8, "length": 1024, "learning_rate": "1e-4"}
+SEQ2SEQ = {"steps": 100, "batch": 2, "source_length": 512, "target_length": 64, "learning_rate": "2e-4"}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _split(documents: list[str]) -> tuple[list[str], list[str]]:
+    cut = max(1, round(len(documents) * HOLD_OUT))
+    return documents[:-cut], documents[-cut:]
+
+
+def _wikitext_articles(path: Path) -> list[str]:
+    """One document per article: the lines between two top-level ` = Title = ` headings."""
+    articles: list[list[str]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if re.fullmatch(r"= [^=].* =", line):
+            articles.append([])
+        if articles:
+            articles[-1].append(line)
+    return [" ".join(lines) for lines in articles]
+
+
+def _shakespeare_speeches(path: Path) -> list[str]:
+    """One document per speech (blank-line separated blocks of the play text)."""
+    blocks = path.read_text(encoding="utf-8").split("\n\n")
+    return [" ".join(block.split()) for block in blocks if block.strip()]
+
+
+def _pubmed_articles(path: Path) -> list[str]:
+    return [" ".join(json.loads(line)["article_text"]) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _cnn_articles(split: str) -> list[str]:
+    """Article text (no highlights) of the CNN stories listed for `split` (URL list, stories named by SHA-1)."""
+    folder = DATA / "cnn_dailymail" / "allennlp_fixture"
+    urls = (folder / "url_lists" / f"all_{split}.txt").read_text(encoding="utf-8").split()
+    names = [hashlib.sha1(url.encode()).hexdigest() for url in urls]
+    return [" ".join(story_parts(folder / "cnn_stories" / f"{name}.story")[0]) for name in names]
+
+
+def prepare_corpus() -> dict[str, int]:
+    """Write the MLM corpus (one document per line) and return document counts."""
+    train, valid = [], []
+    counts = {}
+    for name, documents in (
+        ("wikitext2", _wikitext_articles(DATA / "wikitext" / "wikitext-2-tokenized" / "valid.txt")),
+        ("tinyshakespeare", _shakespeare_speeches(DATA / "text" / "tinyshakespeare_input.txt")),
+    ):
+        head, tail = _split(documents)
+        train += head
+        valid += tail
+        counts[f"{name}_train_documents"], counts[f"{name}_valid_documents"] = len(head), len(tail)
+    pubmed_train = _pubmed_articles(DATA / "pubmed" / "cohan2018_sample_train.txt")
+    pubmed_valid = _pubmed_articles(DATA / "pubmed" / "cohan2018_sample_validation.txt")
+    # The CNN validation stories are also the summarization evaluation set: their articles stay out of pretraining.
+    cnn_train, cnn_valid = _cnn_articles("train"), _cnn_articles("val")
+    train += pubmed_train + cnn_train
+    valid += pubmed_valid + cnn_valid
+    counts.update(
+        pubmed_train_documents=len(pubmed_train),
+        pubmed_valid_documents=len(pubmed_valid),
+        cnn_train_documents=len(cnn_train),
+        cnn_valid_documents=len(cnn_valid),
+    )
+    (ROOT / MLM_TRAIN).parent.mkdir(parents=True, exist_ok=True)
+    (ROOT / MLM_TRAIN).write_text("\n".join(train) + "\n", encoding="utf-8")
+    (ROOT / MLM_VALID).write_text("\n".join(valid) + "\n", encoding="utf-8")
+    counts["train_words"] = sum(len(doc.split()) for doc in train)
+    counts["valid_words"] = sum(len(doc.split()) for doc in valid)
+    return counts
+
+
+def _split_table(source: Path, name: str, train_rows: int, dev_rows: int) -> dict[str, Any]:
+    """A seeded shuffle of a labelled TSV into our own train and dev files (disjoint rows)."""
+    with open(source, encoding="utf-8", newline="") as handle:
+        rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    header, rows = rows[0], rows[1:]
+    random.Random(0).shuffle(rows)
+    dev, train = rows[:dev_rows], rows[dev_rows : dev_rows + train_rows]
+    for split, part in (("train", train), ("dev", dev)):
+        # The rows were read without quoting, so no field holds a tab or a newline: written back byte for byte.
+        lines = ["\t".join(row) + "\n" for row in (header, *part)]
+        (ROOT / WORK / "data" / f"{name}_{split}.tsv").write_text("".join(lines), encoding="utf-8")
+    labels = {split: _label_counts(part) for split, part in (("train", train), ("dev", dev))}
+    return {"source": str(source), "rows": len(rows), "train": len(train), "dev": len(dev), "labels": labels}
+
+
+def _label_counts(rows: list[list[str]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[-1]] = counts.get(row[-1], 0) + 1
+    return counts
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Running the programs
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "uncommitted_changes": bool(git("status", "--porcelain", "models"))}
+
+
+def run(name: str, command: list[str], output_dir: Path | None = None) -> dict[str, Any]:
+    """Run one program on one thread, logging to `logs/<name>.log`; returns the command and its wall time. A run
+    whose `output_dir` already holds `metrics.json` is not repeated."""
+    record: dict[str, Any] = {"command": "OMP_NUM_THREADS=1 python " + " ".join(command)}
+    if output_dir is not None and (ROOT / output_dir / "metrics.json").is_file():
+        return {**record, "reused": True}
+    logs = ROOT / WORK / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    start = time.time()
+    with open(logs / f"{name}.log", "w", encoding="utf-8") as log:
+        subprocess.run([sys.executable, *command], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    return {**record, "seconds": round(time.time() - start, 1)}
+
+
+def metrics_of(output_dir: Path) -> dict[str, Any]:
+    return json.loads((ROOT / output_dir / "metrics.json").read_text(encoding="utf-8"))
+
+
+def mlm_eval(name: str, model: Path, length: int, blocks: int) -> dict[str, Any]:
+    """Masked-LM loss of `model` on the held-back text in `length`-token blocks (the same masks for every model)."""
+    output = WORK / "eval" / f"{name}-{length}"
+    command = [
+        "scripts/run_mlm.py",
+        "--model_name_or_path", str(model),
+        "--validation_file", str(MLM_VALID),
+        "--max_seq_length", str(length),
+        "--max_eval_samples", str(blocks),
+        "--per_device_eval_batch_size", "8",
+        "--output_dir", str(output),
+        *QUIET,
+    ]  # fmt: skip
+    record = run(f"eval-{name}-{length}", command, output)
+    metrics = metrics_of(output)["metrics"]
+    return {**record, "eval_loss": metrics["eval_loss"], "eval_accuracy": metrics["eval_accuracy"]}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Steps
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def step_data() -> dict[str, Any]:
+    counts = prepare_corpus()
+    command = ["scripts/train_tokenizer.py", "--files", str(MLM_TRAIN), "--vocab_size", "8000", "--output_dir",
+               str(WORK / "tokenizer")]  # fmt: skip
+    if (ROOT / WORK / "tokenizer" / "tokenizer.json").is_file():
+        tokenizer = {"command": "OMP_NUM_THREADS=1 python " + " ".join(command), "reused": True}
+    else:
+        tokenizer = run("tokenizer", command)
+    sst2 = _split_table(DATA / "glue" / "SST-2" / "train.tsv", "sst2", SST2["train"], SST2["dev"])
+    imdb = _split_table(DATA / "imdb" / "train_subset_2500.tsv", "imdb", IMDB["train"], IMDB["dev"])
+    return {"corpus": counts, "tokenizer": tokenizer, "sst2": sst2, "imdb": imdb}
+
+
+def _mlm_train(name: str, output: Path, model: list[str], length: int, batch: int, steps: int, lr: str) -> dict:
+    command = [
+        "scripts/run_mlm.py", *model,
+        "--train_file", str(MLM_TRAIN),
+        "--validation_file", str(MLM_VALID),
+        "--max_seq_length", str(length),
+        "--per_device_train_batch_size", str(batch),
+        "--max_steps", str(steps),
+        "--learning_rate", lr,
+        "--warmup_steps", "0.06",
+        "--weight_decay", "0.01",
+        "--logging_steps", "25",
+        "--save_steps", "150",
+        "--output_dir", str(output),
+        *QUIET,
+    ]  # fmt: skip
+    return run(name, command, output)
+
+
+def step_source() -> dict[str, Any]:
+    """BERT's two phases, scaled down: 128-token blocks, then 512-token blocks so every position row is trained."""
+    config = WORK / "bert_source_config.json"
+    (ROOT / config).write_text(json.dumps(SOURCE_CONFIG, indent=2) + "\n", encoding="utf-8")
+    fresh = ["--config_path", str(config), "--tokenizer_name_or_path", str(WORK / "tokenizer")]
+    phase1 = _mlm_train("source_phase1_128", WORK / "source_phase1", fresh, 128, 32, 450, "1e-3")
+    continued = ["--model_name_or_path", str(WORK / "source_phase1")]
+    phase2 = _mlm_train("source_phase2_512", SOURCE, continued, 512, 8, 150, "5e-4")
+    metrics = {
+        phase: metrics_of(folder)["metrics"] for phase, folder in (("128", WORK / "source_phase1"), ("512", SOURCE))
+    }
+    return {"config": SOURCE_CONFIG, "phase1": phase1, "phase2": phase2, "metrics": metrics}
+
+
+def step_convert() -> dict[str, Any]:
+    results: dict[str, Any] = {"source": {"eval_128": mlm_eval("bert-source", SOURCE, 128, EVAL_BLOCKS_128)}}
+    for family in FAMILIES:
+        for length in LENGTHS:
+            output = WORK / "converted" / f"{family}-{length}"
+            command = [
+                "scripts/convert_checkpoint.py",
+                "--model_name_or_path", str(SOURCE),
+                "--family", family,
+                "--max_position_embeddings", str(length),
+                "--output_dir", str(output),
+            ]  # fmt: skip
+            record = {"command": "OMP_NUM_THREADS=1 python " + " ".join(command)}
+            if not (ROOT / output / "conversion_report.json").is_file():
+                record = run(f"convert-{family}-{length}", command)
+            report = json.loads((ROOT / output / "conversion_report.json").read_text(encoding="utf-8"))
+            record.update(
+                new_tensors=len(report["new"]),
+                new_parameters=sum(_numel(row["shape"]) for row in report["new"]),
+                eval_128=mlm_eval(f"{family}-{length}", output, 128, EVAL_BLOCKS_128),
+            )
+            results[f"{family}-{length}"] = record
+    return results
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def step_continue() -> dict[str, Any]:
+    """MLM at 2048 tokens, converted and continued in one `run_mlm.py --family` run per family."""
+    results: dict[str, Any] = {"budget": CONTINUE, "source_eval_512": mlm_eval("bert-source", SOURCE, 512, 64)}
+    for family in FAMILIES:
+        output = WORK / "continue" / family
+        command = [
+            "scripts/run_mlm.py",
+            "--model_name_or_path", str(SOURCE),
+            "--family", family,
+            "--max_position_embeddings", "2048",
+            "--train_file", str(MLM_TRAIN),
+            "--validation_file", str(MLM_VALID),
+            "--max_seq_length", "2048",
+            "--per_device_train_batch_size", "1",
+            "--gradient_accumulation_steps", str(CONTINUE["accumulation"]),
+            "--max_steps", str(CONTINUE["steps"]),
+            "--learning_rate", CONTINUE["learning_rate"],
+            "--warmup_steps", "0.1",
+            "--weight_decay", "0.01",
+            "--max_eval_samples", str(CONTINUE["eval_blocks"]),
+            "--eval_strategy", "steps",
+            "--eval_steps", str(CONTINUE["eval_steps"]),
+            "--eval_on_start",
+            "--logging_steps", "10",
+            "--save_strategy", "no",
+            "--output_dir", str(output),
+            *QUIET,
+        ]  # fmt: skip
+        record = run(f"continue-{family}", command, output)
+        history = json.loads((ROOT / output / "log_history.json").read_text(encoding="utf-8"))
+        record["eval_loss"] = [[row["step"], row["eval_loss"]] for row in history if "eval_loss" in row]
+        record["train_loss"] = [[row["step"], row["loss"]] for row in history if "loss" in row]
+        record["train_runtime"] = metrics_of(output)["metrics"].get("train_runtime")
+        results[family] = record
+    return results
+
+
+def _finetune(name: str, output: Path, model: list[str], data: dict[str, Any], files: tuple[Path, Path]) -> dict:
+    command = [
+        "scripts/run_glue.py", *model,
+        "--train_file", str(files[0]),
+        "--validation_file", str(files[1]),
+        "--text_column", data["text_column"],
+        "--label_column", "label",
+        "--max_seq_length", str(data["length"]),
+        "--per_device_train_batch_size", str(data["batch"]),
+        "--per_device_eval_batch_size", "32",
+        "--max_steps", str(data["steps"]),
+        "--learning_rate", data["learning_rate"],
+        "--warmup_steps", "0.1",
+        "--weight_decay", "0.01",
+        "--logging_steps", "25",
+        "--save_strategy", "no",
+        "--output_dir", str(output),
+        *QUIET,
+    ]  # fmt: skip
+    record = run(name, command, output)
+    metrics = metrics_of(output)["metrics"]
+    return {**record, "eval_accuracy": metrics["eval_accuracy"], "eval_loss": metrics["eval_loss"]}
+
+
+def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str) -> dict[str, Any]:
+    files = (WORK / "data" / f"{task}_train.tsv", WORK / "data" / f"{task}_dev.tsv")
+    results: dict[str, Any] = {"budget": {key: value for key, value in data.items() if key != "text_column"}}
+    for family in FAMILIES:
+        checkpoint = WORK / warm_source.format(family=family)
+        warm = ["--model_name_or_path", str(checkpoint)]
+        scratch = ["--config_path", str(checkpoint), "--tokenizer_name_or_path", str(checkpoint)]
+        results[family] = {
+            "warm": _finetune(f"{task}-{family}-warm", WORK / task / f"{family}-warm", warm, data, files),
+            "scratch": _finetune(f"{task}-{family}-scratch", WORK / task / f"{family}-scratch", scratch, data, files),
+        }
+    return results
+
+
+def step_sst2() -> dict[str, Any]:
+    """Warm: the conversion at 512 positions; scratch: the same architecture freshly initialised."""
+    return _warm_vs_scratch("sst2", {**SST2, "text_column": "sentence"}, "converted/{family}-512")
+
+
+def step_imdb() -> dict[str, Any]:
+    """Warm: the conversion at 2048 after continued pretraining; scratch: the same architecture fresh."""
+    return _warm_vs_scratch("imdb", {**IMDB, "text_column": "text"}, "continue/{family}")
+
+
+def step_seq2seq() -> dict[str, Any]:
+    """BERT2BERT warm start (run_summarization --family) vs the same encoder-decoder from scratch, CNN/DM stories."""
+    stories = DATA / "cnn_dailymail" / "allennlp_fixture"
+    common = [
+        "--train_file", str(stories / "cnn_stories"),
+        "--train_url_list", str(stories / "url_lists" / "all_train.txt"),
+        "--validation_file", str(stories / "cnn_stories"),
+        "--validation_url_list", str(stories / "url_lists" / "all_val.txt"),
+        "--max_source_length", str(SEQ2SEQ["source_length"]),
+        "--max_target_length", str(SEQ2SEQ["target_length"]),
+        "--generation_max_new_tokens", str(SEQ2SEQ["target_length"]),
+        "--no_repeat_ngram_size", "3",
+        "--per_device_train_batch_size", str(SEQ2SEQ["batch"]),
+        "--per_device_eval_batch_size", "2",
+        "--max_steps", str(SEQ2SEQ["steps"]),
+        "--learning_rate", SEQ2SEQ["learning_rate"],
+        "--warmup_steps", "0.1",
+        "--logging_steps", "10",
+        "--predict_with_generate",
+        "--save_strategy", "no",
+        *QUIET,
+    ]  # fmt: skip
+    warm_dir, scratch_dir = WORK / "seq2seq" / "dense-warm", WORK / "seq2seq" / "dense-scratch"
+    warm = [
+        "scripts/run_summarization.py",
+        "--model_name_or_path", str(SOURCE),
+        "--family", "dense_transformer",
+        "--max_position_embeddings", str(SEQ2SEQ["source_length"]),
+        *common,
+        "--output_dir", str(warm_dir),
+    ]  # fmt: skip
+    converted = warm_dir / "converted"
+    scratch = [
+        "scripts/run_summarization.py",
+        "--config_path", str(converted),
+        "--tokenizer_name_or_path", str(converted),
+        *common,
+        "--output_dir", str(scratch_dir),
+    ]  # fmt: skip
+    results: dict[str, Any] = {"budget": SEQ2SEQ}
+    for name, command, output in (("warm", warm, warm_dir), ("scratch", scratch, scratch_dir)):
+        record = run(f"seq2seq-dense-{name}", command, output)
+        metrics = metrics_of(output)["metrics"]
+        record.update({key: metrics[key] for key in metrics if key.startswith("eval_rouge") or key == "eval_loss"})
+        record["predictions"] = (
+            (ROOT / output / "generated_predictions.txt").read_text(encoding="utf-8").splitlines()[:3]
+        )
+        results[name] = record
+    return results
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Table and plot
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _load(step: str) -> dict[str, Any]:
+    path = ROOT / RESULTS / f"{step}.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _cell(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _pair(result: dict[str, Any], family: str) -> str:
+    if family not in result:
+        return "–"
+    warm, scratch = result[family]["warm"]["eval_accuracy"], result[family]["scratch"]["eval_accuracy"]
+    return f"{warm:.3f} / {scratch:.3f}"
+
+
+def write_table() -> str:
+    """`scripts/results/warm-start/README.md`'s table (returned) and `continue_curves.png`, from the step JSONs."""
+    convert, cont, sst2, imdb, seq2seq = (_load(step) for step in ("convert", "continue", "sst2", "imdb", "seq2seq"))
+    dense_end = cont.get("dense_transformer", {}).get("eval_loss", [[0, None]])[-1][1]
+    rows = [
+        "| family | MLM loss @128 after conversion (512 / 2048 positions) | MLM loss @2048: converted → after "
+        f"{CONTINUE['steps']} steps (vs dense) | SST-2 dev accuracy, warm / scratch "
+        "| IMDB dev accuracy, warm / scratch |",
+        "|---|---|---|---|---|",
+    ]
+    if convert:
+        source = convert["source"]["eval_128"]["eval_loss"]
+        source_512 = cont.get("source_eval_512", {}).get("eval_loss")
+        rows.append(f"| BERT source | {source:.3f} (@512: {_cell(source_512)}) | – | – | – |")
+    for family in FAMILIES:
+        losses = [convert.get(f"{family}-{length}", {}).get("eval_128", {}).get("eval_loss") for length in LENGTHS]
+        curve = cont.get(family, {}).get("eval_loss")
+        if curve:
+            end = curve[-1][1]
+            relative = f" ({100 * (end / dense_end - 1):+.1f}%)" if dense_end and family != "dense_transformer" else ""
+            continued = f"{curve[0][1]:.3f} → {end:.3f}{relative}"
+        else:
+            continued = "–"
+        rows.append(
+            f"| {family} | {_cell(losses[0])} / {_cell(losses[1])} | {continued} | {_pair(sst2, family)} | "
+            f"{_pair(imdb, family)} |"
+        )
+    table = "\n".join(rows)
+    if seq2seq:
+        scores = {
+            name: " / ".join(f"{100 * seq2seq[name][f'eval_{key}']:.1f}" for key in ("rouge1", "rouge2", "rougeL"))
+            for name in ("warm", "scratch")
+        }
+        table += (
+            "\n\nBERT2BERT (`--seq2seq`, dense), CNN/DM validation stories, ROUGE-1 / 2 / L: warm-started "
+            f"{scores['warm']}, from scratch {scores['scratch']}."
+        )
+    if cont:
+        _plot_curves(cont)
+    return table
+
+
+def _plot_curves(cont: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for family in FAMILIES:
+        if family in cont:
+            left.plot(*zip(*cont[family]["train_loss"], strict=True), label=family)
+            right.plot(*zip(*cont[family]["eval_loss"], strict=True), marker="o", label=family)
+    source = cont.get("source_eval_512", {}).get("eval_loss")
+    if source is not None:
+        for axis in (left, right):
+            axis.axhline(source, color="black", linestyle="--", linewidth=1, label="BERT source @512")
+    left.set(title="Continued MLM at 2048 tokens: training loss", xlabel="step", ylabel="loss")
+    right.set(title="Held-back text, 2048-token blocks", xlabel="step", ylabel="MLM loss")
+    right.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(ROOT / RESULTS / "continue_curves.png", dpi=110)
+
+
+STEPS = {
+    "data": step_data,
+    "source": step_source,
+    "convert": step_convert,
+    "continue": step_continue,
+    "sst2": step_sst2,
+    "imdb": step_imdb,
+    "seq2seq": step_seq2seq,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=[*STEPS, "table"])
+    args = parser.parse_args(argv)
+    if args.step == "table":
+        print(write_table())
+        return
+    started = _commit()
+    result = {"ran_on": started, **STEPS[args.step]()}
+    (ROOT / RESULTS).mkdir(parents=True, exist_ok=True)
+    (ROOT / RESULTS / f"{args.step}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
