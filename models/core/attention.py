@@ -1,4 +1,4 @@
-"""The attention contract every attnzoo method implements, and the dense (SDPA) attention of the baseline family.
+"""The attention contract every attnzoo method implements, and the dense attention of the baseline family.
 
 Every attention module takes the same inputs and returns an :class:`AttentionOutput`. Capability flags on the class
 tell the model, the config checks, the tests and the benchmark what a method can do; nothing dispatches on names.
@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from ..kernels import dense_masked_attention
+from .attention_interface import interface_attention
 from .configuration import ZooConfig
 from .masking import attention_bool_mask
 
@@ -64,6 +64,9 @@ class ZooAttention(nn.Module):
     has_aux_loss: ClassVar[bool] = False
     #: the method needs the padded length to be a multiple of this (1 = any length)
     block_multiple: ClassVar[int] = 1
+    #: computes through transformers' attention interface, so `attn_implementation` selects its kernel (dense
+    #: attentions); a method's own sparse attention leaves it False and ignores the choice
+    uses_attention_interface: ClassVar[bool] = False
     #: each query's attention weights sum to 1 (or 0 for a row without keys); False when the method rescales the
     #: normalised probabilities (FSAT's confidences), so rows sum to at most 1
     weights_are_normalized: ClassVar[bool] = True
@@ -193,26 +196,21 @@ class ZooAttention(nn.Module):
 
 
 class DenseAttention(ZooAttention):
-    """Full softmax attention through `F.scaled_dot_product_attention` (the baseline of every comparison).
+    """Full softmax attention (the baseline of every comparison) through transformers' attention interface.
 
-    Works as encoder self-attention, causal decoder self-attention with KV cache, and cross-attention.
-    With `output_attentions=True` it runs the reference kernel to return the probabilities.
+    The kernel is the one `config._attn_implementation` selects (`attn_implementation="eager" | "sdpa" |
+    "flex_attention" | "flash_attention_2"`, see [`~attnzoo.core.attention_interface.interface_attention`]), as in
+    BERT and BART. Works as encoder self-attention, causal decoder self-attention with KV cache, and
+    cross-attention. With `output_attentions=True` (or `attention_backend="reference"`) it runs the reference kernel,
+    whatever the implementation, to return the probabilities.
     """
 
     supports_causal = True
     supports_cross_attention = True
+    uses_attention_interface = True
 
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
         mask = attention_bool_mask(key_valid, q.shape[2], k.shape[2], self.is_causal, query_offset, q.device)
         if output_attentions or self.config.attention_backend == "reference":
             return self.dense_reference(q, k, v, mask, output_attentions)
-        dropout_p = self.dropout if self.training else 0.0
-        if mask is None:
-            # No padding: let SDPA use its causal flag (only valid when queries and keys are aligned).
-            causal = self.is_causal and q.shape[2] > 1
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=self.scaling)
-            return AttentionOutput(hidden_states=out)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
-        # SDPA's treatment of rows without any valid key varies across backends: make them exact zeros.
-        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
-        return AttentionOutput(hidden_states=out)
+        return AttentionOutput(hidden_states=interface_attention(self, q, k, v, key_valid, mask))

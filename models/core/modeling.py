@@ -8,6 +8,7 @@ Layout of the parameters (identical for every family and head, so checkpoints mo
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import ClassVar
 
 import torch
@@ -17,6 +18,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import logging
 
 from .attention import DenseAttention, ZooAttention
 from .compat import CACHE_NAME, LEGACY_CACHE_NAME, cache_field, get_cache, resolve_cache
@@ -25,6 +27,20 @@ from .heads import ClassificationHead, MaskedLMHead
 from .masking import key_valid_from_attention_mask
 from .outputs import ZooMaskedLMOutput, ZooModelOutput, ZooSeq2SeqLMOutput, ZooSequenceClassifierOutput
 from .stacks import Decoder, Encoder
+
+logger = logging.get_logger(__name__)
+
+#: set while a head builds its inner `<Prefix>Model`, whose attention implementation is the head's (no second note)
+_BUILDING_INNER_MODEL = contextvars.ContextVar("attnzoo_building_inner_model", default=False)
+
+
+@contextlib.contextmanager
+def _inner_model() -> contextlib.AbstractContextManager:
+    token = _BUILDING_INNER_MODEL.set(True)
+    try:
+        yield
+    finally:
+        _BUILDING_INNER_MODEL.reset(token)
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -66,6 +82,11 @@ class ZooPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
+    # Dense attentions compute through transformers' attention interface (`attnzoo.core.attention_interface`), so
+    # `attn_implementation` selects their kernel as in BERT/BART; sparse attentions ignore it (noted in the log).
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
     _no_split_modules: ClassVar[list[str]] = ["EncoderLayer", "DecoderLayer"]
     _skip_keys_device_placement: ClassVar[list[str]] = [CACHE_NAME, LEGACY_CACHE_NAME]
     #: attention of the encoder's self-attention layers
@@ -83,6 +104,26 @@ class ZooPreTrainedModel(PreTrainedModel):
         # loaded tensors itself, so the guard is not needed, and it would skip method attentions whose own
         # parameters live in child modules.
         super()._initialize_weights(module, is_custom_code=False)
+
+    def _check_and_adjust_attn_implementation(
+        self, attn_implementation: str | None, is_init_check: bool = False, **kwargs
+    ) -> str:
+        # transformers validates the name (an unknown one is a ValueError) and picks the default.
+        chosen = super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
+        if attn_implementation is not None and not _BUILDING_INNER_MODEL.get():
+            self._note_sparse_attention(chosen)
+        return chosen
+
+    def _note_sparse_attention(self, implementation: str) -> None:
+        """Say once that a method's sparse attention does not use the requested implementation."""
+        sparse = self.attention_class
+        if sparse.uses_attention_interface:
+            return
+        logger.warning_once(
+            f"{type(self).__name__}: attn_implementation={implementation!r} selects the kernel of the dense "
+            "attentions only (decoder self- and cross-attention where they are dense); the encoder's "
+            f"{sparse.__name__} is sparse and runs its own kernels whatever the choice."
+        )
 
     def resolve_output_flags(
         self, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
@@ -195,7 +236,8 @@ class ZooForMaskedLM(_EncoderHeadMixin, ZooPreTrainedModel):
 
     def __init__(self, config: ZooConfig):
         super().__init__(config)
-        self.model = self.base_model_class(config)
+        with _inner_model():
+            self.model = self.base_model_class(config)
         self.lm_head = MaskedLMHead(config)
         self.post_init()
 
@@ -260,7 +302,8 @@ class ZooForSequenceClassification(_EncoderHeadMixin, ZooPreTrainedModel):
 
     def __init__(self, config: ZooConfig):
         super().__init__(config)
-        self.model = self.base_model_class(config)
+        with _inner_model():
+            self.model = self.base_model_class(config)
         self.classifier = ClassificationHead(config)
         self.post_init()
 

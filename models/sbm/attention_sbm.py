@@ -73,6 +73,8 @@ class SBMAttention(ZooAttention):
         else:
             site, self.use_sbm, self.num_site_layers = 0, True, config.num_hidden_layers
         self.site = _SITES[site]
+        # A site that falls back to dense attention computes through transformers' attention interface.
+        self.uses_attention_interface = not self.use_sbm
         # Eval-mode seed: distinct per layer and site so that layers do not share their random draws.
         self.eval_seed = (config.sampling_seed * 1_000_003 + layer_idx * 7 + site) % (2**62)
         if not self.use_sbm:
