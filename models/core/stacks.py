@@ -21,6 +21,12 @@ def check_inputs(
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`.")
     batch, length = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
+    if batch == 0 or length == 0:
+        # Sparse selections, FFT pooling and the sampling kernels have no meaning for an empty batch; say so here
+        # rather than fail deep inside a kernel.
+        raise ValueError(
+            f"Got inputs of shape {(batch, length)}: a batch needs at least one example of at least one token."
+        )
     if length > max_positions:
         raise ValueError(
             f"Sequence length {length} exceeds `{field}` ({max_positions}); truncate the inputs or use a config "

@@ -342,3 +342,13 @@ def test_bad_inputs_raise_clear_value_errors(model_type):
         model(input_ids=torch.full((1, 4), config.vocab_size))
     with pytest.raises(ValueError, match="input_ids"):
         model()
+
+
+@pytest.mark.parametrize(("model_type", "head"), CASES)
+def test_empty_batches_raise_a_value_error_that_says_so(model_type, head):
+    model = tiny_model(model_type, head).eval()
+    for shape in ((0, 8), (2, 0)):
+        with pytest.raises(ValueError, match="at least one example of at least one token"):
+            model(input_ids=torch.zeros(shape, dtype=torch.long))
+        with pytest.raises(ValueError, match="at least one example of at least one token"):
+            model(inputs_embeds=torch.zeros(*shape, model.config.hidden_size))
