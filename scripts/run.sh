@@ -6,6 +6,9 @@
 #   bash scripts/run.sh test-oldest  -> the same suite against the oldest supported transformers release
 #                                       (5.17.0, the GPU machine's), in a second environment (.venv-oldest)
 #   bash scripts/run.sh demo         -> trains a tokenizer and tiny models on bundled data and prints the results
+#   bash scripts/run.sh gpu [STAGE ...] [--dry-run] -> the GPU validation (scripts/gpu_check.py): pytest -m gpu, the
+#                                       CUDA bf16 benchmark, a bf16 fine-tune per family; with the machine's own
+#                                       python3/torch/transformers, no network and no venv (see the README's "GPU")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 task="${1:-test}"
@@ -53,8 +56,25 @@ case "$task" in
         setup_venv .venv
         .venv/bin/python scripts/demo.py "$@"
         ;;
+    gpu)
+        # A GPU machine brings its own torch/transformers/triton and may have no network: nothing is installed from
+        # an index. Pure-Python packages it lacks travel as wheels in .whl/ (prepared where pip works, e.g.
+        # `pip download --no-deps -d .whl datasets==...`) and go to a private folder on the path.
+        GPU_PY="${PYTHON:-python3}"
+        site="${TMPDIR:-/tmp}/attnzoo-gpu-site"
+        mkdir -p "$site"
+        if compgen -G ".whl/*.whl" >/dev/null; then
+            "$GPU_PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl
+        fi
+        # attnzoo is the folder models/ under another name: a link on the path imports it without installing.
+        if ! "$GPU_PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('attnzoo') is None)"; then
+            ln -sfn "$PWD/models" "$site/attnzoo"
+        fi
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        "$GPU_PY" scripts/gpu_check.py "$@"
+        ;;
     *)
-        echo "usage: bash scripts/run.sh {test|test-oldest|demo} [extra args]" >&2
+        echo "usage: bash scripts/run.sh {test|test-oldest|demo|gpu} [extra args]" >&2
         exit 2
         ;;
 esac
