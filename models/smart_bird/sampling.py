@@ -40,6 +40,8 @@ _FLAT_SPREAD = 0.3
 _ROUNDS = 3
 
 
+# The random keys stay fp32 whatever the autocast dtype: bf16 keeps 8 bits of mantissa, so keys would tie often and
+# the top-K of `logit - noise` would no longer follow the sampling law.
 def _draw_exponential(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> Tensor:
     return torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator)
 
@@ -128,6 +130,7 @@ def sample_keys(
         `(idx, valid)`: `torch.LongTensor` and `torch.BoolTensor` of shape `(B, H, N, min(K, N))`. Slots without a
         real key (fewer than K real keys) have `valid == False`.
     """
+    # fp32 sketch logits: the law depends on logit differences, which bf16 would round to 1/256 of their size.
     q_s, k_s = q_s.float(), k_s.float()
     B, N, _ = q_s.shape
     H, K = num_heads, min(num_samples, N)
