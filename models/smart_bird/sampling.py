@@ -130,7 +130,7 @@ def sample_keys(
         `(idx, valid)`: `torch.LongTensor` and `torch.BoolTensor` of shape `(B, H, N, min(K, N))`. Slots without a
         real key (fewer than K real keys) have `valid == False`.
     """
-    # fp32 sketch logits: the law depends on logit differences, which bf16 would round to 1/256 of their size.
+    # fp32 sketch logits: the law depends on logit differences, and bf16 loses those below 1/256 of the logits.
     q_s, k_s = q_s.float(), k_s.float()
     B, N, _ = q_s.shape
     H, K = num_heads, min(num_samples, N)
