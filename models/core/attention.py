@@ -16,6 +16,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from ..kernels import dense_masked_attention
 from .attention_interface import interface_attention
 from .configuration import ZooConfig
+from .global_tokens import global_count, global_query_rows, splice_rows
 from .masking import attention_bool_mask
 
 
@@ -70,6 +71,9 @@ class ZooAttention(nn.Module):
     #: each query's attention weights sum to 1 (or 0 for a row without keys); False when the method rescales the
     #: normalised probabilities (FSAT's confidences), so rows sum to at most 1
     weights_are_normalized: ClassVar[bool] = True
+    #: adds `config.num_global_tokens` global positions to its encoder self-attention (see `core.global_tokens`);
+    #: dense attention needs none (every position already sees every other)
+    supports_global_tokens: ClassVar[bool] = False
 
     def __init__(
         self, config: ZooConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
@@ -86,6 +90,10 @@ class ZooAttention(nn.Module):
         self.dropout = config.attention_probs_dropout_prob
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
+        #: global positions (`config.num_global_tokens`) of an encoder self-attention that supports them, else 0
+        self.num_global_tokens = (
+            config.num_global_tokens if self.supports_global_tokens and not (is_causal or is_cross_attention) else 0
+        )
         self.layer_idx = layer_idx
         self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)
@@ -148,8 +156,42 @@ class ZooAttention(nn.Module):
             output_attentions=output_attentions,
             **self.attend_inputs(hidden_states),
         )
+        return self.finish(self.with_global_rows(out, q, k, v, key_valid), hidden_states)
+
+    def finish(self, out: AttentionOutput, hidden_states: torch.Tensor) -> AttentionOutput:
+        """Merge the heads of `out.hidden_states` `(B, H, Nq, d)` and apply the output projection."""
         merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
         out.hidden_states = self.o_proj(merged)
+        return out
+
+    def global_positions(self, num_keys: int) -> int:
+        """Number of global positions of this layer in a sequence of `num_keys` tokens."""
+        return global_count(self.num_global_tokens, num_keys)
+
+    def with_global_rows(
+        self, out: AttentionOutput, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None
+    ) -> AttentionOutput:
+        """Replace the global queries' rows of the method's (head-split) output by dense attention over every key.
+
+        The method itself adds the global keys to every query's key set (in `attend`, through `core.global_tokens`).
+        """
+        g = self.global_positions(k.shape[2])
+        if g == 0:
+            return out
+        rows, weights = global_query_rows(
+            q,
+            k,
+            v,
+            key_valid,
+            g,
+            scale=self.scaling,
+            dropout_p=self.dropout,
+            training=self.training,
+            return_weights=out.attn_weights is not None,
+        )
+        out.hidden_states = splice_rows(out.hidden_states, rows, key_valid)
+        if out.attn_weights is not None:
+            out.attn_weights = splice_rows(out.attn_weights, weights, key_valid)
         return out
 
     def query_offset(self, q: torch.Tensor, k: torch.Tensor, cache: Cache | None) -> int:

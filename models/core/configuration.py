@@ -55,6 +55,11 @@ class ZooConfig(PreTrainedConfig):
             `"attention"` (learned additive attention pooling).
         classifier_dropout (`float`, *optional*):
             Dropout before the classifier; defaults to `hidden_dropout_prob`.
+        num_global_tokens (`int`, *optional*, defaults to 0):
+            Global positions of a sparse encoder self-attention (BigBird's ITC, Longformer's global attention): the
+            first `num_global_tokens` tokens (the classification token first) attend to every real token and every
+            token attends to them, in the same softmax as the method's own keys, at O(N * g) cost. Sparse families
+            default to 1; the dense family ignores it (every pair is already attended). 0 is the papers' attention.
         attention_backend (`str`, *optional*, defaults to `"fast"`):
             `"fast"` runs a method's optimised kernels (Triton on CUDA when `triton` is installed, the torch CSR /
             SDPA paths otherwise), `"reference"` the plain implementation over the same sparsity structure, on the
@@ -102,6 +107,7 @@ class ZooConfig(PreTrainedConfig):
     pre_norm: bool = False
     classifier_pooling: str = "cls"
     classifier_dropout: float | int | None = None
+    num_global_tokens: int = 0
     attention_backend: str = "fast"
     aux_loss_coef: float | int = 1.0
     decoder_layers: int = 2
@@ -148,6 +154,8 @@ class ZooConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}.")
         if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
             raise ValueError(f"`classifier_dropout` must be in [0, 1) or None, got {self.classifier_dropout}.")
+        if self.num_global_tokens < 0:
+            raise ValueError(f"`num_global_tokens` must be >= 0, got {self.num_global_tokens}.")
         if self.classifier_pooling not in POOLING_TYPES:
             raise ValueError(f"`classifier_pooling` must be one of {POOLING_TYPES}, got {self.classifier_pooling!r}.")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -22,6 +22,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from ..core.attention import AttentionOutput, ZooAttention
+from ..core.global_tokens import global_edges
 from ..core.masking import attention_bool_mask
 from ..kernels import edge_attention, flatten_heads, unflatten_heads
 from .configuration_fsat import FSATConfig
@@ -161,6 +162,7 @@ class FSATAttention(ZooAttention):
     block_multiple = 1
     # Confidences multiply the softmax probabilities without renormalisation (the paper's Formula 7).
     weights_are_normalized = False
+    supports_global_tokens = True
 
     def __init__(
         self, config: FSATConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
@@ -245,6 +247,25 @@ class FSATAttention(ZooAttention):
             predicted=predicted[keep],
         )
 
+    def add_global_edges(
+        self, edges: FSATEdges, conf: torch.Tensor, valid: torch.Tensor, g: int
+    ) -> tuple[FSATEdges, torch.Tensor]:
+        """Every real query also attends to the `g` global keys, with confidence 1 (a fixed edge, not a prediction);
+        the predicted and random edges of a global key are dropped, so that each of its pairs enters the softmax once.
+        """
+        B, N = valid.shape
+        own = (edges.cols % N) >= g
+        rows, cols = global_edges(B, self.num_heads, N, N, valid, valid, g, valid.device)
+        fixed = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device)
+        merged = FSATEdges(
+            rows=torch.cat([edges.rows[own], rows]),
+            cols=torch.cat([edges.cols[own], cols]),
+            query_index=torch.cat([edges.query_index[own], (rows % N).to(torch.float32)]),
+            mean=torch.cat([edges.mean[own], (rows % N).to(edges.mean.dtype)]),
+            predicted=torch.cat([edges.predicted[own], fixed]),
+        )
+        return merged, torch.cat([conf[own], torch.ones(rows.shape, dtype=conf.dtype, device=conf.device)])
+
     def confidences(self, edges: FSATEdges) -> torch.Tensor:
         """Gaussian confidence `s_e` `(E,)` of every edge, with the truncated gradient in training."""
         s = gaussian_confidence(edges.query_index, edges.mean, self.variance, self.config.confidence_normalized)
@@ -282,8 +303,7 @@ class FSATAttention(ZooAttention):
             out = self.sparse_attend(q, k, v, cross, valid, output_attentions)
         else:
             out = self.dense_attend(q, k, v, key_valid, output_attentions)
-        out.hidden_states = self.o_proj(out.hidden_states.transpose(1, 2).reshape(B, N, -1))
-        return out
+        return self.finish(self.with_global_rows(out, q, k, v, key_valid), hidden_states)
 
     def dense_attend(
         self,
@@ -322,6 +342,9 @@ class FSATAttention(ZooAttention):
         lengths = valid.sum(-1)  # (B,)
         edges = self.select_edges(self.predict_indices(cross, lengths), valid)
         conf = self.confidences(edges)
+        g = self.global_positions(N)
+        if g:
+            edges, conf = self.add_global_edges(edges, conf, valid, g)
         density = self.edge_density(edges, lengths, B, H, N)
         if output_attentions or self.config.attention_backend == "reference":
             out, weights = self.edge_reference(q, k, v, edges, conf)

@@ -61,6 +61,7 @@ class SBMAttention(ZooAttention):
     supports_cross_attention = True
     is_stochastic = True
     has_aux_loss = True
+    supports_global_tokens = True
 
     def __init__(
         self, config: SBMConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
@@ -180,24 +181,33 @@ class SBMAttention(ZooAttention):
         if allowed is not None:
             blocked.masked_fill_(~allowed, 1.0)
         offsets = self.structural_offsets()
-        if not offsets:
+        g = self.global_positions(m)
+        if not offsets and not g:
             return blocked, None
         sampled = blocked == 0
-        dist = (
-            torch.arange(m, device=probs.device)[None] - torch.arange(offset, offset + n, device=probs.device)[:, None]
-        )
-        struct = (dist >= offsets[0]) & (dist <= offsets[-1])  # (n, m)
+        struct = torch.zeros(n, m, dtype=torch.bool, device=probs.device)
+        if offsets:
+            keys = torch.arange(m, device=probs.device)[None]
+            dist = keys - torch.arange(offset, offset + n, device=probs.device)[:, None]
+            struct |= (dist >= offsets[0]) & (dist <= offsets[-1])  # (n, m)
+        # Global keys are attended by every query without sampling (`core.global_tokens`).
+        struct[:, :g] = True
         struct = struct[None, None] if allowed is None else struct & allowed
         return blocked.masked_fill_(struct, 0.0), sampled
 
     def structural_ids(self, B: int, n: int, m: int, offset: int, allowed_q, key_valid, device) -> torch.Tensor | None:
-        """Linear pair ids `((b*H + h)*n + i)*m + j` of the structural edges (fastRG backend)."""
+        """Linear pair ids `((b*H + h)*n + i)*m + j` of the structural edges (fastRG backend): the diagonals of
+        :meth:`structural_offsets` and the global columns."""
         offsets = self.structural_offsets()
-        if not offsets:
+        g = self.global_positions(m)
+        if not offsets and not g:
             return None
         H = self.num_heads
         i = torch.arange(n, device=device)[:, None]
-        j = i + offset + torch.tensor(offsets, device=device)[None]  # (n, T)
+        j = i + offset + torch.tensor(offsets, dtype=torch.long, device=device)[None]  # (n, T)
+        if g:
+            # The global columns (a pair that is also on a diagonal is merged by the sampler's `unique`).
+            j = torch.cat([j, torch.arange(g, device=device)[None].expand(n, g)], dim=-1)  # (n, T + g)
         ok = (j >= 0) & (j < m)
         if self.is_causal:
             ok &= j <= i + offset

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core.attention import AttentionOutput, ZooAttention
+from ..core.global_tokens import append_global_slots
 from ..kernels import gathered_attention
 from .configuration_smart_bird import SmartBirdConfig
 from .sampling import sample_keys
@@ -30,6 +31,7 @@ class SmartBirdAttention(ZooAttention):
     supports_cross_attention = False
     is_stochastic = True
     has_aux_loss = True
+    supports_global_tokens = True
 
     def __init__(self, config: SmartBirdConfig, **kwargs):
         super().__init__(config, **kwargs)
@@ -81,6 +83,10 @@ class SmartBirdAttention(ZooAttention):
     @torch.compiler.disable
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
         idx, valid = self.select(q, key_valid)  # (B, H, N, K)
+        g = self.global_positions(k.shape[2])
+        if g:
+            # A sampled key that is also global is kept once (as the global slot), so the keys stay distinct.
+            idx, valid = append_global_slots(idx, valid, key_valid, g, as_set=True)  # (B, H, N, K + g)
         density = self._density(valid, key_valid)
         if output_attentions or self.config.attention_backend == "reference":
             # Selected keys are distinct per row, so the dense mask holds exactly the sampled pattern.

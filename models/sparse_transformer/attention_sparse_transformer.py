@@ -42,14 +42,15 @@ class PatternSpec:
         summary_size (`int`): summary positions `c` per block (fixed pattern).
         causal (`bool`): keys after the query are excluded.
         first_column (`bool`): the summary sub-pattern also keeps the first position of every block (LRA).
-        global_first (`bool`): the first token attends to every key and every query attends to it (LRA's CLS).
+        num_global (`int`): every query also attends to the first `num_global` keys (global columns; the global
+            rows are computed by the core, see `attnzoo.core.global_tokens`).
     """
 
     stride: int
     summary_size: int
     causal: bool
     first_column: bool = False
-    global_first: bool = False
+    num_global: int = 0
 
 
 def summary_positions(length: int, spec: PatternSpec, device: torch.device | None = None) -> Tensor:
@@ -92,7 +93,7 @@ def sub_pattern_mask(kind: str, q_pos: Tensor, k_pos: Tensor, spec: PatternSpec)
 
 
 def pattern_mask(kinds: tuple[tuple[str, ...], ...], q_pos: Tensor, k_pos: Tensor, spec: PatternSpec) -> Tensor:
-    """`(H, Nq, Nk)` mask: head `h` attends to the union of the sub-patterns `kinds[h]` (plus LRA's CLS rule)."""
+    """`(H, Nq, Nk)` mask: head `h` attends to the union of the sub-patterns `kinds[h]` and the global columns."""
     cache: dict[tuple[str, ...], Tensor] = {}
     masks = []
     for head_kinds in kinds:
@@ -100,8 +101,8 @@ def pattern_mask(kinds: tuple[tuple[str, ...], ...], q_pos: Tensor, k_pos: Tenso
             mask = torch.zeros(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
             for kind in head_kinds:
                 mask |= sub_pattern_mask(kind, q_pos, k_pos, spec)
-            if spec.global_first:
-                mask |= (q_pos == 0)[:, None] | (k_pos == 0)[None, :]
+            if spec.num_global:
+                mask |= (k_pos < spec.num_global)[None, :]
             cache[head_kinds] = mask
         masks.append(cache[head_kinds])
     return torch.stack(masks)
@@ -130,9 +131,9 @@ def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec) -> tuple[Tenso
 @lru_cache(maxsize=32)
 def _merged_pattern_edges_cpu(kinds: tuple[str, ...], length: int, spec: PatternSpec) -> tuple[Tensor, Tensor]:
     parts = [_sub_pattern_edges(kind, length, spec) for kind in kinds]
-    if spec.global_first:
-        every = torch.arange(length)
-        parts += [(torch.zeros_like(every), every), (every, torch.zeros_like(every))]
+    if spec.num_global:
+        rows, cols = torch.meshgrid(torch.arange(length), torch.arange(min(spec.num_global, length)), indexing="ij")
+        parts.append((rows.reshape(-1), cols.reshape(-1)))
     rows = torch.cat([r for r, _ in parts])
     cols = torch.cat([c for _, c in parts])
     # A key in both sub-patterns (e.g. j = i, or the own block's summary columns) must count once in the softmax.
@@ -349,12 +350,15 @@ def _pattern_counts(kinds: tuple[tuple[str, ...], ...], length: int, spec: Patte
     """Attended (query, key) pairs of every head at `length` (closed form, `O(N)`)."""
     counts = []
     for head_kinds in kinds:
-        rows = sum(_row_counts(kind, length, spec) for kind in head_kinds)
-        if len(head_kinds) > 1:
-            rows = rows - _overlap_counts(head_kinds, length, spec)
-        if spec.global_first:
-            # Row 0 sees every key; column 0 is already a summary column of every row (LRA keeps first columns).
-            rows[0] = length
+        if spec.num_global:
+            # Global columns overlap the pattern in ways without a short closed form: count the edge list instead.
+            rows = torch.bincount(_merged_pattern_edges_cpu(head_kinds, length, spec)[0], minlength=length)
+        else:
+            rows = sum(_row_counts(kind, length, spec) for kind in head_kinds)
+            if len(head_kinds) > 1:
+                rows = rows - _overlap_counts(head_kinds, length, spec)
+        # The global rows attend to every key (computed by the core).
+        rows[: spec.num_global] = length
         counts.append(int(rows.sum()))
     return tuple(counts)
 
@@ -369,17 +373,20 @@ class SparseTransformerAttention(ZooAttention):
     """
 
     supports_causal = True
+    supports_global_tokens = True
 
     def __init__(self, config: SparseTransformerConfig, **kwargs):
         super().__init__(config, **kwargs)
         preset_lra = config.sparse_preset == "lra"
+        if preset_lra and self.num_global_tokens == 0 and not (self.is_causal or self.is_cross_attention):
+            # LRA's CLS token attends to every key and every query attends to it (never in a decoder).
+            self.num_global_tokens = 1
         self.spec = PatternSpec(
             stride=config.sparse_stride,
             summary_size=config.sparse_summary_size,
             causal=self.is_causal or config.sparse_causal,
             first_column=preset_lra,
-            # LRA's CLS row looks at every key, which a decoder must never do.
-            global_first=preset_lra and not self.is_causal,
+            num_global=self.num_global_tokens,
         )
         first, second = SUB_PATTERNS[config.sparse_pattern]
         assignment = config.sparse_head_assignment
@@ -418,41 +425,37 @@ class SparseTransformerAttention(ZooAttention):
             out.density = self.density(k_len, q.device).expand(q.shape[0], -1)
         return out
 
+    def head_groups(self) -> list[tuple[slice, tuple[str, ...]]]:
+        """Runs of consecutive heads with the same sub-patterns: `(heads, kinds)`."""
+        groups, start = [], 0
+        while start < self.num_heads:
+            stop = start
+            while stop < self.num_heads and self.head_kinds[stop] == self.head_kinds[start]:
+                stop += 1
+            groups.append((slice(start, stop), self.head_kinds[start]))
+            start = stop
+        return groups
+
     def fast_attention(self, q: Tensor, k: Tensor, v: Tensor, key_valid: Tensor | None) -> Tensor:
         """Pattern attention without any `N x N` tensor; `(B, H, N, d)` in and out."""
         dropout_p = self.dropout if self.training else 0.0
-        if len(self.head_kinds[0]) > 1:
-            return self._merged_attention(q, k, v, key_valid, dropout_p)
-        outs, start = [], 0
-        while start < self.num_heads:
-            kind = self.head_kinds[start][0]
-            stop = start
-            while stop < self.num_heads and self.head_kinds[stop][0] == kind:
-                stop += 1
-            heads = slice(start, stop)
-            outs.append(
-                SUB_PATTERN_ATTENTION[kind](
-                    q[:, heads], k[:, heads], v[:, heads], key_valid, self.spec, dropout_p, self.scaling
-                )
-            )
-            start = stop
+        outs = []
+        for heads, kinds in self.head_groups():
+            qh, kh, vh = q[:, heads], k[:, heads], v[:, heads]
+            if self.spec.num_global or (len(kinds) > 1 and kinds != SUB_PATTERNS["fixed"]):
+                # One softmax over the union of the sub-patterns (and the global columns): the edge kernel.
+                outs.append(self._edge_attention(qh, kh, vh, key_valid, dropout_p, kinds))
+            elif len(kinds) > 1:
+                outs.append(merged_fixed_attention(qh, kh, vh, key_valid, self.spec, dropout_p, self.scaling))
+            else:
+                outs.append(SUB_PATTERN_ATTENTION[kinds[0]](qh, kh, vh, key_valid, self.spec, dropout_p, self.scaling))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
-    def _merged_attention(self, q, k, v, key_valid, dropout_p: float) -> Tensor:
-        if self.head_kinds[0] == SUB_PATTERNS["fixed"]:
-            out = merged_fixed_attention(q, k, v, key_valid, self.spec, dropout_p, self.scaling)
-            if self.spec.global_first:
-                # LRA's CLS query attends to every key (its column is already a summary column).
-                mask = None if key_valid is None else key_valid[:, None, None, :]
-                first = _sdpa(q[:, :, :1], k, v, mask, False, dropout_p, self.scaling)
-                out = torch.cat([first, out[:, :, 1:]], dim=2)
-            return out
-        return self._edge_attention(q, k, v, key_valid, dropout_p)
-
-    def _edge_attention(self, q, k, v, key_valid, dropout_p: float) -> Tensor:
-        # One softmax over A1 ∪ A2 per head: the shared CSR edge kernel over the cached, duplicate-free edge list.
+    def _edge_attention(self, q, k, v, key_valid, dropout_p: float, kinds: tuple[str, ...]) -> Tensor:
+        # One softmax over the union of `kinds` (and the global columns) per head: the shared CSR edge kernel over
+        # the cached, duplicate-free edge list.
         batch, heads, length, _ = q.shape
-        rows, cols = merged_pattern_edges(self.head_kinds[0], length, self.spec, q.device)  # (E1,)
+        rows, cols = merged_pattern_edges(kinds, length, self.spec, q.device)  # (E1,)
         offsets = batch_head_offsets(batch, heads, length, q.device).reshape(-1, 1)  # (B * H, 1)
         all_rows = (rows[None] + offsets).reshape(-1)
         all_cols = (cols[None] + offsets).reshape(-1)

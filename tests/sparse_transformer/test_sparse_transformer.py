@@ -86,9 +86,11 @@ def test_lra_preset_equals_lra_formula(n):
     fixed1 = (i // 128 == j // 128) & (j <= i)
     fixed2 = ((j % 128 == 0) | (j % 128 >= 128 - 32)) & (j <= i)
     expected = fixed1 | fixed2
-    expected[0, :] = True  # CLS row and column fully unmasked
-    expected[:, 0] = True
+    expected[:, 0] = True  # every query attends to the CLS column ...
     assert torch.equal(mask, expected.expand(4, -1, -1))
+    # ... and the CLS row to every key: LRA's CLS is a global token, whose row the core computes densely.
+    assert attention.num_global_tokens == 1
+    expected[0, :] = True
     assert torch.equal(attention.density(n, torch.device("cpu")), expected.float().mean().expand(4))
     # In the decoder the CLS row would look ahead, so it is dropped there.
     decoder = SparseTransformerAttention(config, is_causal=True)
