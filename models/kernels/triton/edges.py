@@ -30,49 +30,46 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _edge_fwd(
-    Q,
-    K,
-    V,
-    CROW,
-    COLS,
-    BIAS,
-    WEIGHT,
-    KEEP,
-    OUT,
-    LSE,
-    scale,
-    keep_scale,
-    sq,
-    sk,
-    sv,
-    so,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_KEEP: tl.constexpr,
-):
+def _query_row(Q, CROW, sq, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's query row: `row, start, end` (its edges), `dim, dim_ok` and the query (BLOCK_D,) in fp32."""
     row = tl.program_id(0).to(tl.int64)
-    start = tl.load(CROW + row)
-    end = tl.load(CROW + row + 1)
     dim = tl.arange(0, BLOCK_D)
-    dim_ok = dim < D
-    q = tl.load(Q + row * sq + dim, mask=dim_ok, other=0.0).to(tl.float32)  # (BLOCK_D,)
+    q = tl.load(Q + row * sq + dim, mask=dim < D, other=0.0).to(tl.float32)
+    return row, tl.load(CROW + row), tl.load(CROW + row + 1), dim, dim < D, q
+
+
+@triton.jit
+def _edge_chunk(
+    K, V, COLS, BIAS, q, e0, end, dim, dim_ok, sk, sv, scale, BLOCK_E: tl.constexpr, HAS_BIAS: tl.constexpr
+):
+    """Edges `e0 .. e0 + BLOCK_E` of the row (those below `end`): edge ids, validity, load mask, key rows, the
+    gathered key and value rows (BLOCK_E, BLOCK_D) and the logits (-inf on lanes past the row's end)."""
+    edge = e0 + tl.arange(0, BLOCK_E)
+    ok = edge < end
+    mask = ok[:, None] & dim_ok[None, :]
+    col = tl.load(COLS + edge, mask=ok, other=0).to(tl.int64)
+    k_rows = tl.load(K + col[:, None] * sk + dim[None, :], mask=mask, other=0.0).to(tl.float32)
+    v_rows = tl.load(V + col[:, None] * sv + dim[None, :], mask=mask, other=0.0).to(tl.float32)
+    score = tl.sum(k_rows * q[None, :], 1) * scale  # (BLOCK_E,)
+    if HAS_BIAS:
+        score += tl.load(BIAS + edge, mask=ok, other=0.0).to(tl.float32)
+    return edge, ok, mask, col, k_rows, v_rows, tl.where(ok, score, float("-inf"))
+
+
+@triton.jit
+def _edge_fwd(
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, OUT, LSE, scale, keep_scale, sq, sk, sv, so,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
+):  # fmt: skip
+    row, start, end, dim, dim_ok, q = _query_row(Q, CROW, sq, D, BLOCK_D)
     row_max = tl.full([1], float("-inf"), tl.float32)
     row_sum = tl.zeros([1], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for e0 in range(start, end, BLOCK_E):
-        edge = e0 + tl.arange(0, BLOCK_E)
-        ok = edge < end
-        mask2 = ok[:, None] & dim_ok[None, :]
-        col = tl.load(COLS + edge, mask=ok, other=0).to(tl.int64)
-        k_rows = tl.load(K + col[:, None] * sk + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
-        score = tl.sum(k_rows * q[None, :], 1) * scale  # (BLOCK_E,)
-        if HAS_BIAS:
-            score += tl.load(BIAS + edge, mask=ok, other=0.0).to(tl.float32)
-        score = tl.where(ok, score, float("-inf"))
+        edge, ok, _, _, _, v_rows, score = _edge_chunk(
+            K, V, COLS, BIAS, q, e0, end, dim, dim_ok, sk, sv, scale, BLOCK_E, HAS_BIAS
+        )
         m_new = tl.maximum(row_max, tl.max(score, 0))
         # Only -inf so far (masked edges): a finite shift keeps exp(-inf - shift) = 0 instead of NaN.
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -83,7 +80,6 @@ def _edge_fwd(
             p = p * tl.load(KEEP + edge, mask=ok, other=0).to(tl.float32) * keep_scale
         if HAS_WEIGHT:
             p = p * tl.load(WEIGHT + edge, mask=ok, other=0.0).to(tl.float32)
-        v_rows = tl.load(V + col[:, None] * sv + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v_rows, 0)
         row_max = m_new
     has_mass = row_sum > 0.0
@@ -96,58 +92,21 @@ def _edge_fwd(
 
 @triton.jit
 def _edge_bwd(
-    Q,
-    K,
-    V,
-    CROW,
-    COLS,
-    BIAS,
-    WEIGHT,
-    KEEP,
-    DO,
-    LSE,
-    DELTA,
-    DQ,
-    DK,
-    DV,
-    DBIAS,
-    DWEIGHT,
-    scale,
-    keep_scale,
-    sq,
-    sk,
-    sv,
-    sdo,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_E: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_KEEP: tl.constexpr,
-    NEED_BIAS: tl.constexpr,
-    NEED_WEIGHT: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    start = tl.load(CROW + row)
-    end = tl.load(CROW + row + 1)
-    dim = tl.arange(0, BLOCK_D)
-    dim_ok = dim < D
-    q = tl.load(Q + row * sq + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, DO, LSE, DELTA, DQ, DK, DV, DBIAS, DWEIGHT,
+    scale, keep_scale, sq, sk, sv, sdo,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
+    NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
+):  # fmt: skip
+    row, start, end, dim, dim_ok, q = _query_row(Q, CROW, sq, D, BLOCK_D)
     do = tl.load(DO + row * sdo + dim, mask=dim_ok, other=0.0).to(tl.float32)
     lse = tl.load(LSE + row + tl.arange(0, 1))  # (1,)
     delta = tl.load(DELTA + row + tl.arange(0, 1))  # rowsum(dO * O)
     dq = tl.zeros([BLOCK_D], tl.float32)
     for e0 in range(start, end, BLOCK_E):
-        edge = e0 + tl.arange(0, BLOCK_E)
-        ok = edge < end
-        mask2 = ok[:, None] & dim_ok[None, :]
-        col = tl.load(COLS + edge, mask=ok, other=0).to(tl.int64)
-        k_rows = tl.load(K + col[:, None] * sk + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
-        v_rows = tl.load(V + col[:, None] * sv + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
-        score = tl.sum(k_rows * q[None, :], 1) * scale
-        if HAS_BIAS:
-            score += tl.load(BIAS + edge, mask=ok, other=0.0).to(tl.float32)
-        score = tl.where(ok, score, float("-inf"))
+        edge, ok, mask, col, k_rows, v_rows, score = _edge_chunk(
+            K, V, COLS, BIAS, q, e0, end, dim, dim_ok, sk, sv, scale, BLOCK_E, HAS_BIAS
+        )
         p = tl.exp(score - lse)  # recomputed probabilities, (BLOCK_E,)
         grad_final = tl.sum(v_rows * do[None, :], 1)  # d loss / d (p * keep * weight)
         factor = tl.where(ok, 1.0, 0.0)
@@ -157,13 +116,13 @@ def _edge_bwd(
             tl.store(DWEIGHT + edge, p * factor * grad_final, mask=ok)
         if HAS_WEIGHT:
             factor = factor * tl.load(WEIGHT + edge, mask=ok, other=0.0).to(tl.float32)
-        grad_s = p * (grad_final * factor - delta)
-        grad_s = tl.where(ok, grad_s, 0.0)
+        grad_s = tl.where(ok, p * (grad_final * factor - delta), 0.0)  # delta = sum_e p_e grad_final_e factor_e
         if NEED_BIAS:
             tl.store(DBIAS + edge, grad_s, mask=ok)
         dq += tl.sum(grad_s[:, None] * k_rows, 0) * scale
-        tl.atomic_add(DK + col[:, None] * D + dim[None, :], (grad_s * scale)[:, None] * q[None, :], mask=mask2)
-        tl.atomic_add(DV + col[:, None] * D + dim[None, :], (p * factor)[:, None] * do[None, :], mask=mask2)
+        # dK / dV are fp32 contiguous (C, D) buffers shared by every row: atomic adds.
+        tl.atomic_add(DK + col[:, None] * D + dim[None, :], (grad_s * scale)[:, None] * q[None, :], mask=mask)
+        tl.atomic_add(DV + col[:, None] * D + dim[None, :], (p * factor)[:, None] * do[None, :], mask=mask)
     tl.store(DQ + row * D + dim, dq, mask=dim_ok)
 
 
@@ -240,22 +199,9 @@ def edge_attention_triton(
     dropout_p: float,
     sorted_rows: bool,
 ) -> Tensor:
-    """Triton implementation of [`attnzoo.kernels.edge_attention`] with an explicit dropout keep-mask.
-
-    Args:
-        q (`torch.Tensor` of shape `(R, d)`): query rows; fp32, bf16 or fp16 (k and v of the same dtype).
-        k, v (`torch.Tensor` of shape `(C, d)`): key and value rows.
-        rows, cols (`torch.LongTensor` of shape `(E,)`): query and key row of every edge.
-        logit_bias (`torch.Tensor` of shape `(E,)`, *optional*): added to the scaled logits (differentiable).
-        edge_weight (`torch.Tensor` of shape `(E,)`, *optional*): multiplies the probabilities (differentiable).
-        scale (`float`, *optional*): logit scale, `d ** -0.5` by default.
-        keep (`torch.BoolTensor` of shape `(E,)`, *optional*): dropout keep-mask in the caller's edge order.
-        dropout_p (`float`): probability `keep` was drawn with.
-        sorted_rows (`bool`): `rows` is already non-decreasing (skips the sort).
-
-    Returns:
-        `torch.Tensor` of shape `(R, d)` in the dtype of `q`.
-    """
+    """Triton implementation of [`attnzoo.kernels.edge_attention`] with an explicit dropout keep-mask `keep` (E,)
+    in the caller's edge order, or None; arguments as there (and checked there). q, k and v share one dtype among
+    fp32, bf16 and fp16; the result has it too."""
     check_dtypes(q, k, v)
     num_rows = q.shape[0]
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)

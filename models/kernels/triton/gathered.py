@@ -24,13 +24,23 @@ from .launch import block_d, check_dtypes, row_strides
 
 
 @triton.jit
-def _slot_entry(
-    IDX,
-    WEIGHT,
-    entry,
-    ok,
-    HAS_WEIGHT: tl.constexpr,
-):
+def _query_block(num_heads, num_queries, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's (batch, head) and block of query rows: `bh, b, h, rows, row_ok, dim, dim_ok`."""
+    bh = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    dim = tl.arange(0, BLOCK_D)
+    return bh, bh // num_heads, bh % num_heads, rows, rows < num_queries, dim, dim < D
+
+
+@triton.jit
+def _load_rows(X, s_b, s_h, s_n, b, h, positions, dim, mask):
+    """Rows `positions` (BLOCK_M,) of head (b, h) of a `(B, H, N, d)` tensor with the given strides, in fp32."""
+    ptr = X + b * s_b + h * s_h + positions[:, None].to(tl.int64) * s_n + dim[None, :]
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
+
+
+@triton.jit
+def _slot_entry(IDX, WEIGHT, entry, ok, HAS_WEIGHT: tl.constexpr):
     """Key position and mixing weight of one entry of a slot for every query of the block."""
     key = tl.load(IDX + entry, mask=ok, other=0)
     w = tl.load(WEIGHT + entry, mask=ok, other=0.0).to(tl.float32) if HAS_WEIGHT else tl.where(ok, 1.0, 0.0)
@@ -38,86 +48,49 @@ def _slot_entry(
 
 
 @triton.jit
-def _slot_valid_and_bias(VALID, BIAS, slot, row_ok, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """Which queries of the block use this slot, and the slot's logit bias (0 without one)."""
+def _mixed_slot(
+    K, V, IDX, WEIGHT, VALID, BIAS, q, slot, row_ok, b, h, dim, dim_ok,
+    sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale,
+    J: tl.constexpr, DOT: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """Slot `slot` of every query of the block: which queries use it, its logit (-inf where unused) and its mixed
+    value `v~ = sum_j w_j v[idx_j]` (BLOCK_M, BLOCK_D)."""
     ok = row_ok
     if HAS_VALID:
         ok = ok & (tl.load(VALID + slot, mask=row_ok, other=0) != 0)
-    bias = tl.load(BIAS + slot, mask=ok, other=0.0).to(tl.float32) if HAS_BIAS else tl.where(ok, 0.0, 0.0)
-    return ok, bias
+    logit = tl.load(BIAS + slot, mask=ok, other=0.0).to(tl.float32) if HAS_BIAS else tl.where(ok, 0.0, 0.0)
+    mask = ok[:, None] & dim_ok[None, :]
+    v_mix = tl.zeros(q.shape, tl.float32)
+    for j in tl.static_range(J):
+        key, w = _slot_entry(IDX, WEIGHT, slot * J + j, ok, HAS_WEIGHT)
+        if DOT:
+            logit += w * tl.sum(q * _load_rows(K, sk_b, sk_h, sk_n, b, h, key, dim, mask), 1) * scale
+        v_mix += w[:, None] * _load_rows(V, sv_b, sv_h, sv_n, b, h, key, dim, mask)
+    return ok, tl.where(ok, logit, float("-inf")), v_mix
 
 
 @triton.jit
 def _gathered_fwd(
-    Q,
-    K,
-    V,
-    IDX,
-    WEIGHT,
-    VALID,
-    BIAS,
-    KEEP,
-    OUT,
-    LSE,
-    num_heads,
-    num_queries,
-    num_keys,
-    num_slots,
-    scale,
-    keep_scale,
-    sq_b,
-    sq_h,
-    sq_n,
-    sk_b,
-    sk_h,
-    sk_n,
-    sv_b,
-    sv_h,
-    sv_n,
-    so_b,
-    so_h,
-    so_n,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    J: tl.constexpr,
-    DOT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_VALID: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_KEEP: tl.constexpr,
-):
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // num_heads
-    h = bh % num_heads
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-    row_ok = rows < num_queries
-    dim = tl.arange(0, BLOCK_D)
-    dim_ok = dim < D
-    q_ptr = Q + b * sq_b + h * sq_h + rows[:, None].to(tl.int64) * sq_n + dim[None, :]
-    q = tl.load(q_ptr, mask=row_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
-    k_base = K + b * sk_b + h * sk_h
-    v_base = V + b * sv_b + h * sv_h
+    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, OUT, LSE,
+    num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
+):  # fmt: skip
+    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    row_mask = row_ok[:, None] & dim_ok[None, :]
+    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
     # Slot s of query n is entry (bh * Nq + n) * S + s of the (B, H, Nq, S[, J]) index tensors.
     slot_base = (bh * num_queries + rows) * num_slots  # (BLOCK_M,)
-
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for s in range(0, num_slots):
         slot = slot_base + s
-        ok, logit = _slot_valid_and_bias(VALID, BIAS, slot, row_ok, HAS_VALID, HAS_BIAS)
-        mask2 = ok[:, None] & dim_ok[None, :]
-        v_mix = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for j in tl.static_range(J):
-            key, w = _slot_entry(IDX, WEIGHT, slot * J + j, ok, HAS_WEIGHT)
-            key = key.to(tl.int64)
-            if DOT:
-                k_rows = tl.load(k_base + key[:, None] * sk_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
-                logit += w * tl.sum(q * k_rows, 1) * scale
-            v_rows = tl.load(v_base + key[:, None] * sv_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
-            v_mix += w[:, None] * v_rows
-        logit = tl.where(ok, logit, float("-inf"))
+        ok, logit, v_mix = _mixed_slot(
+            K, V, IDX, WEIGHT, VALID, BIAS, q, slot, row_ok, b, h, dim, dim_ok,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS,
+        )  # fmt: skip
         m_new = tl.maximum(row_max, logit)
         # A row that has seen only -inf logits keeps a finite shift, so exp(-inf - shift) = 0 and never NaN.
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -131,7 +104,7 @@ def _gathered_fwd(
     has_mass = row_sum > 0.0
     out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
     o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
-    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_mask)
     # Empty rows store lse = 0: their recomputed probabilities exp(-inf - 0) are exact zeros in backward.
     lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
     tl.store(LSE + bh * num_queries + rows, lse, mask=row_ok)
@@ -139,120 +112,59 @@ def _gathered_fwd(
 
 @triton.jit
 def _gathered_bwd(
-    Q,
-    K,
-    V,
-    IDX,
-    WEIGHT,
-    VALID,
-    BIAS,
-    KEEP,
-    DO,
-    LSE,
-    DELTA,
-    DQ,
-    DK,
-    DV,
-    DWEIGHT,
-    DBIAS,
-    num_heads,
-    num_queries,
-    num_keys,
-    num_slots,
-    scale,
-    keep_scale,
-    sq_b,
-    sq_h,
-    sq_n,
-    sk_b,
-    sk_h,
-    sk_n,
-    sv_b,
-    sv_h,
-    sv_n,
-    sdo_b,
-    sdo_h,
-    sdo_n,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    J: tl.constexpr,
-    DOT: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_VALID: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_KEEP: tl.constexpr,
-    NEED_WEIGHT: tl.constexpr,
-    NEED_BIAS: tl.constexpr,
-):
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // num_heads
-    h = bh % num_heads
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < num_queries
-    dim = tl.arange(0, BLOCK_D)
-    dim_ok = dim < D
-    rows64 = rows[:, None].to(tl.int64)
-    row_mask2 = row_ok[:, None] & dim_ok[None, :]
-    q = tl.load(Q + b * sq_b + h * sq_h + rows64 * sq_n + dim[None, :], mask=row_mask2, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + rows64 * sdo_n + dim[None, :], mask=row_mask2, other=0.0)
-    do = do.to(tl.float32)  # (BLOCK_M, BLOCK_D)
+    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, DO, LSE, DELTA, DQ, DK, DV, DWEIGHT, DBIAS,
+    num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
+    NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
+):  # fmt: skip
+    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    row_mask = row_ok[:, None] & dim_ok[None, :]
+    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)
+    do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
     lse = tl.load(LSE + bh * num_queries + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA + bh * num_queries + rows, mask=row_ok, other=0.0)  # rowsum(dO * O)
-    k_base = K + b * sk_b + h * sk_h
-    v_base = V + b * sv_b + h * sv_h
-    # dK / dV are fp32 (B * H, Nk, D) contiguous accumulators.
+    # dQ, dK and dV are fp32 contiguous (B * H, N, D) buffers; dK / dV take atomic adds.
     dk_base = DK + bh * num_keys * D
     dv_base = DV + bh * num_keys * D
     slot_base = (bh * num_queries + rows) * num_slots
-
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for s in range(0, num_slots):
         slot = slot_base + s
-        ok, logit = _slot_valid_and_bias(VALID, BIAS, slot, row_ok, HAS_VALID, HAS_BIAS)
-        mask2 = ok[:, None] & dim_ok[None, :]
-        grad_mix = tl.zeros([BLOCK_M], tl.float32)  # <dO, v~_s>
-        for j in tl.static_range(J):
-            key, w = _slot_entry(IDX, WEIGHT, slot * J + j, ok, HAS_WEIGHT)
-            key = key.to(tl.int64)
-            if DOT:
-                k_rows = tl.load(k_base + key[:, None] * sk_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
-                logit += w * tl.sum(q * k_rows, 1) * scale
-            v_rows = tl.load(v_base + key[:, None] * sv_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
-            grad_mix += w * tl.sum(do * v_rows, 1)
-        logit = tl.where(ok, logit, float("-inf"))
+        ok, logit, v_mix = _mixed_slot(
+            K, V, IDX, WEIGHT, VALID, BIAS, q, slot, row_ok, b, h, dim, dim_ok,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS,
+        )  # fmt: skip
+        mask = ok[:, None] & dim_ok[None, :]
         p = tl.exp(logit - lse)  # recomputed softmax probability of the slot
-        grad_p = grad_mix  # d loss / d p_s = keep factor * <dO, v~_s>
+        grad_p = tl.sum(do * v_mix, 1)  # d loss / d p_s = keep factor * <dO, v~_s>
         if HAS_KEEP:
             factor = tl.load(KEEP + slot, mask=ok, other=0).to(tl.float32) * keep_scale
             grad_p = grad_p * factor
             kept = p * factor
         else:
             kept = p
-        grad_s = p * (grad_p - delta)  # softmax backward; delta = sum_s p_s grad_p_s = <dO, O>
-        grad_s = tl.where(ok, grad_s, 0.0)
+        grad_s = tl.where(ok, p * (grad_p - delta), 0.0)  # softmax backward; delta = sum_s p_s grad_p_s
         if NEED_BIAS:
             tl.store(DBIAS + slot, grad_s, mask=row_ok)
-        # Second pass over the entries (re-read rows hit the cache): scatter dK / dV, gather dQ, weight gradients.
+        # Second pass over the entries (re-read rows hit the cache): gather dQ, scatter dK / dV, weight gradients.
         for j in tl.static_range(J):
             key, w = _slot_entry(IDX, WEIGHT, slot * J + j, ok, HAS_WEIGHT)
-            key = key.to(tl.int64)
             grad_w = tl.zeros([BLOCK_M], tl.float32)
             if DOT:
-                k_ptr = key[:, None] * sk_n + dim[None, :]
-                k_rows = tl.load(k_base + k_ptr, mask=mask2, other=0.0).to(tl.float32)
+                k_rows = _load_rows(K, sk_b, sk_h, sk_n, b, h, key, dim, mask)
                 dq += (grad_s * w * scale)[:, None] * k_rows
-                dk_ptr = dk_base + key[:, None] * D + dim[None, :]
-                tl.atomic_add(dk_ptr, (grad_s * w * scale)[:, None] * q, mask=mask2)
+                dk_ptr = dk_base + key[:, None].to(tl.int64) * D + dim[None, :]
+                tl.atomic_add(dk_ptr, (grad_s * w * scale)[:, None] * q, mask=mask)
                 if NEED_WEIGHT:
                     grad_w += grad_s * scale * tl.sum(q * k_rows, 1)
-            dv_ptr = dv_base + key[:, None] * D + dim[None, :]
-            tl.atomic_add(dv_ptr, (kept * w)[:, None] * do, mask=mask2)
+            dv_ptr = dv_base + key[:, None].to(tl.int64) * D + dim[None, :]
+            tl.atomic_add(dv_ptr, (kept * w)[:, None] * do, mask=mask)
             if NEED_WEIGHT:
-                v_rows = tl.load(v_base + key[:, None] * sv_n + dim[None, :], mask=mask2, other=0.0).to(tl.float32)
-                grad_w += kept * tl.sum(do * v_rows, 1)
+                grad_w += kept * tl.sum(do * _load_rows(V, sv_b, sv_h, sv_n, b, h, key, dim, mask), 1)
                 tl.store(DWEIGHT + slot * J + j, tl.where(ok, grad_w, 0.0), mask=row_ok)
-    tl.store(DQ + bh * num_queries * D + rows64 * D + dim[None, :], dq, mask=row_mask2)
+    tl.store(DQ + (bh * num_queries + rows[:, None].to(tl.int64)) * D + dim[None, :], dq, mask=row_mask)
 
 
 class GatheredAttentionTriton(torch.autograd.Function):
@@ -319,10 +231,11 @@ def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, k
     return {
         "D": head_dim,
         "BLOCK_D": width,
-        # 16 queries per program and 8 warps from d = 128 on: the largest tiles ptxas (sm_90, bf16, J = 2, every
-        # option on) compiled without register spills; 32 queries spilled in backward.
-        "BLOCK_M": 16,
-        "num_warps": 4 if width <= 64 else 8,
+        # About 1K (query, dimension) lanes per tile: ptxas (sm_90, bf16, J = 2, every option on) compiled
+        # d = 32 / 64 / 128 without register spills at 16 / 16 / 8 queries and 4 / 8 / 8 warps; twice the queries
+        # spilled.
+        "BLOCK_M": min(16, max(4, 1024 // width)),
+        "num_warps": 4 if width <= 32 else 8,
         "J": entries,
         "DOT": dot_product,
         "HAS_WEIGHT": weight is not None,
@@ -346,23 +259,9 @@ def gathered_attention_triton(
     keep: Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """Triton gathered attention (arguments as [`attnzoo.kernels.gathered_attention`], inputs already checked).
-
-    Args:
-        q (`torch.Tensor` of shape `(B, H, Nq, d)`): queries; fp32, bf16 or fp16 (k and v of the same dtype).
-        k, v (`torch.Tensor` of shape `(B, H, Nk, d)`): keys and values.
-        idx (`torch.LongTensor` of shape `(B, H, Nq, K)` or `(B, H, Nq, K, J)`): key rows of every slot entry.
-        valid (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): slots to use.
-        weight (`torch.Tensor` of the shape of `idx`, *optional*): mixing weights of the entries.
-        logit_bias (`torch.Tensor` of shape `(B, H, Nq, K)`, *optional*): added to the slot logits.
-        dot_product (`bool`): whether the logits include `scale * <q, k~>`.
-        scale (`float`, *optional*): logit scale, `d ** -0.5` by default.
-        keep (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): dropout keep-mask.
-        dropout_p (`float`): probability `keep` was drawn with.
-
-    Returns:
-        `torch.Tensor` of shape `(B, H, Nq, d)` in the dtype of `q`.
-    """
+    """Triton implementation of [`attnzoo.kernels.gathered_attention`] with an explicit dropout keep-mask `keep`
+    (B, H, Nq, K) or None; arguments as there (and checked there). q, k and v share one dtype among fp32, bf16 and
+    fp16; the result has it too."""
     check_dtypes(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
