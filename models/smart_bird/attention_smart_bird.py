@@ -17,8 +17,8 @@ class SmartBirdAttention(ZooAttention):
     Selection: the encoder hands this module its sketch layer's queries and keys (`self.sketch`, set before every
     forward); [`~attnzoo.smart_bird.sampling.sample_keys`] draws each head's keys independently (exactly the
     paper's law, without an `H x N x N` noise tensor). Compute: [`~attnzoo.kernels.gathered_attention`] on the
-    selected keys, or, with `attention_backend="reference"` or `output_attentions=True`, the dense masked reference
-    over the same keys and weights.
+    selected keys, whose implementation `attention_backend` picks (reference, CPU CSR path or Triton); with
+    `output_attentions=True`, the dense masked reference over the same keys returns the weights.
 
     Training draws from the global torch RNG (gradient checkpointing restores it, so the re-run selects the same
     keys); eval draws, for every sample separately, from a generator seeded with `sampling_seed + layer_idx` (so a
@@ -88,15 +88,16 @@ class SmartBirdAttention(ZooAttention):
             # A sampled key that is also global is kept once (as the global slot), so the keys stay distinct.
             idx, valid = append_global_slots(idx, valid, key_valid, g, as_set=True)  # (B, H, N, K + g)
         density = self._density(valid, key_valid)
-        if output_attentions or self.config.attention_backend == "reference":
+        if output_attentions:
             # Selected keys are distinct per row, so the dense mask holds exactly the sampled pattern.
             mask = torch.zeros(*q.shape[:3], k.shape[2], dtype=torch.bool, device=q.device).scatter_(3, idx, valid)
             out = self.dense_reference(q, k, v, mask, output_attentions)
             out.density = density
             return out
         out = gathered_attention(
-            q, k, v, idx, valid, scale=self.scaling, dropout_p=self.dropout, training=self.training
-        )
+            q, k, v, idx, valid, scale=self.scaling, dropout_p=self.dropout, training=self.training,
+            backend=self.config.attention_backend,
+        )  # fmt: skip
         return AttentionOutput(hidden_states=out, density=density)
 
     @staticmethod
