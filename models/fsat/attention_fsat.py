@@ -24,7 +24,7 @@ from transformers.activations import ACT2FN
 from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import global_edges
 from ..core.masking import attention_bool_mask
-from ..kernels import edge_attention, flatten_heads, unflatten_heads
+from ..kernels import dense_attention, edge_attention, flatten_heads, unflatten_heads
 from .configuration_fsat import FSATConfig
 
 
@@ -145,8 +145,9 @@ class FSATAttention(ZooAttention):
     """FSAT encoder self-attention (see the module docstring for the computation).
 
     Keys and values are projected from the pooled cross `C`, not from the hidden states, so this class overrides
-    `forward` instead of `attend`. `attention_backend="reference"` (and `output_attentions=True`) computes the
-    same edges with dense masked attention; `use_sparse=False` is the dense "FAT" ablation.
+    `forward` instead of `attend`. The edges go through [`~attnzoo.kernels.edge_attention`], whose implementation
+    `attention_backend` picks (reference, CPU CSR path or Triton); `output_attentions=True` computes the same edges
+    with dense masked attention to return the weights. `use_sparse=False` is the dense "FAT" ablation.
 
     Args:
         config ([`FSATConfig`]): model configuration.
@@ -315,13 +316,12 @@ class FSATAttention(ZooAttention):
     ) -> AttentionOutput:
         """The "FAT" ablation: every query attends to every real key of the pooled cross."""
         mask = attention_bool_mask(key_valid, q.shape[2], k.shape[2], False, 0, q.device)
-        if output_attentions or self.config.attention_backend == "reference":
+        if output_attentions:
             return self.dense_reference(q, k, v, mask, output_attentions)
-        dropout_p = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scaling)
-        if mask is not None:
-            # Samples without any real token: exact zeros rather than whatever SDPA gives an empty row.
-            out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+        out = dense_attention(
+            q, k, v, mask, scale=self.scaling, dropout_p=self.dropout, training=self.training,
+            backend=self.config.attention_backend,
+        )  # fmt: skip
         return AttentionOutput(hidden_states=out)
 
     # A compiler boundary: edge selection has data-dependent shapes and the edge kernel's custom autograd Function
@@ -346,11 +346,9 @@ class FSATAttention(ZooAttention):
         if g:
             edges, conf = self.add_global_edges(edges, conf, valid, g)
         density = self.edge_density(edges, lengths, B, H, N)
-        if output_attentions or self.config.attention_backend == "reference":
+        if output_attentions:
             out, weights = self.edge_reference(q, k, v, edges, conf)
-            return AttentionOutput(
-                hidden_states=out, attn_weights=weights if output_attentions else None, density=density
-            )
+            return AttentionOutput(hidden_states=out, attn_weights=weights, density=density)
         flat = edge_attention(
             flatten_heads(q),
             flatten_heads(k),
@@ -361,6 +359,7 @@ class FSATAttention(ZooAttention):
             scale=self.scaling,
             dropout_p=self.dropout,
             training=self.training,
+            backend=self.config.attention_backend,
         )
         return AttentionOutput(hidden_states=unflatten_heads(flat, B, H, N), density=density)
 
