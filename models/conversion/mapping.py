@@ -42,6 +42,10 @@ class Mapping:
 
     def carry(self, source_name: str, destination: str, tensor: torch.Tensor, note: str = "") -> None:
         self.tensors[destination] = tensor
+        self.tie(source_name, destination, tensor, note)
+
+    def tie(self, source_name: str, destination: str, tensor: torch.Tensor, note: str) -> None:
+        """Record a source tensor whose destination shares another carried tensor (nothing more to load)."""
         self.mapped.append(
             {"source": source_name, "destination": destination, "shape": shape_of(tensor), "note": note}
         )
@@ -66,9 +70,7 @@ def _tied_or_buffer(
                 f"{source.name_or_path}: {name} differs from the word embeddings (untied output embeddings); the zoo "
                 "ties its LM head to the input embeddings, so this checkpoint cannot be converted exactly."
             )
-        mapping.mapped.append(
-            {"source": name, "destination": head, "shape": shape_of(tensor), "note": "tied to the word embeddings"}
-        )
+        mapping.tie(name, head, tensor, "tied to the word embeddings")
         return
     bias_name = "cls.predictions.bias" if stripped.startswith("cls.") else "lm_head.bias"
     if not torch.equal(tensor, source.tensor(bias_name)):
@@ -78,9 +80,7 @@ def _tied_or_buffer(
     if seq2seq:
         mapping.drop(name, tensor, "masked-LM bias: the seq2seq LM head is the tied embedding matrix, without bias")
     else:
-        mapping.mapped.append(
-            {"source": name, "destination": "lm_head.bias", "shape": shape_of(tensor), "note": f"same as {bias_name}"}
-        )
+        mapping.tie(name, "lm_head.bias", tensor, f"same as {bias_name}")
 
 
 def map_weights(source: SourceCheckpoint, config: ZooConfig, base_prefix: str, seq2seq: bool) -> Mapping:

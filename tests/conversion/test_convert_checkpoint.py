@@ -188,3 +188,23 @@ def test_unknown_family_is_refused_with_the_choices(tmp_path, source_checkpoint)
     folder, _ = source_checkpoint("BertForMaskedLM")
     with pytest.raises(ConversionError, match="smart_bird"):
         convert_checkpoint(str(folder), "bigbird", NEW_LENGTH, tmp_path / "out")
+
+
+def test_pytorch_bin_with_tied_copies_and_buffers_converts(tmp_path, source_checkpoint):
+    """Older Hub checkpoints store `pytorch_model.bin` with the tied LM decoder and the position-id buffer."""
+    folder, source = source_checkpoint("BertForMaskedLM")
+    state = dict(source.state_dict())
+    state["bert.embeddings.position_ids"] = torch.arange(SOURCE_POSITIONS)[None]
+    assert "cls.predictions.decoder.weight" in state
+    (tmp_path / "bin").mkdir()
+    torch.save(state, tmp_path / "bin" / "pytorch_model.bin")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "bin" / name).write_bytes((folder / name).read_bytes())
+    report = convert_checkpoint(str(tmp_path / "bin"), "dense_transformer", NEW_LENGTH, tmp_path / "out")
+    rows = {row["source"]: row for row in report.mapped}
+    assert rows["cls.predictions.decoder.weight"]["destination"] == "lm_head.decoder.weight"
+    assert {row["source"] for row in report.not_carried} == {"bert.embeddings.position_ids"}
+    zoo = AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
+    ids = right_padded_batch(source.config.vocab_size, source.config.pad_token_id)[0][:1]
+    with torch.no_grad():
+        torch.testing.assert_close(zoo(input_ids=ids).logits, source(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
