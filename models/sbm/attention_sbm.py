@@ -2,21 +2,21 @@
 attends over the sampled edges only (Cho et al., "Transformers meet Stochastic Block Models", NeurIPS 2022).
 
 Selection (memberships, block matrix, sampling) is separate from compute: the dense-Bernoulli backend produces a
-boolean mask for SDPA (or the dense reference kernel), the fastRG backend an edge list for the shared CSR edge
-kernel. `attention_backend="reference"` runs the dense masked reference over the same sampled graph.
+mask (as a logit bias) for dense attention, the fastRG backend an edge list for the shared edge kernel; both go
+through the kernel dispatch, so `attention_backend` picks the reference, CPU or Triton implementation over the same
+sampled graph.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import transformers.initialization as init
 from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from ..core.attention import AttentionOutput, DenseAttention, ZooAttention
 from ..core.masking import causal_bool_mask
-from ..kernels import dense_masked_attention, edge_attention, flatten_heads, unflatten_heads
+from ..kernels import dense_attention, dense_masked_attention, edge_attention, flatten_heads, unflatten_heads
 from ..kernels.csr import row_pointers
 from .configuration_sbm import SBMConfig
 from .sampling import DenseMaskSTE, EdgeSTE, UnsampledPairsSTE, counter_uniform, edge_pattern, fastrg_edges
@@ -251,7 +251,8 @@ class SBMAttention(ZooAttention):
                 self, q, k, v, key_valid, query_offset=query_offset, output_attentions=output_attentions
             )
         in_dtype = q.dtype
-        # Probabilities, sampling and the attention itself run in fp32 (as the official code does).
+        # Probabilities, sampling and the attention itself run in fp32 (as the official code does): small edge
+        # probabilities are compared with uniforms, and bf16's 8-bit mantissa would coarsen them.
         with torch.autocast(device_type=q.device.type, enabled=False):
             out = self._attend_fp32(q.float(), k.float(), v.float(), key_valid, query_offset, output_attentions)
         out.hidden_states = out.hidden_states.to(in_dtype)
@@ -273,7 +274,6 @@ class SBMAttention(ZooAttention):
         pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
         sampling = self.training or cfg.sample_at_eval
         delta = float(cfg.exploration_delta) if (self.training or cfg.exploration_at_eval) else 0.0
-        reference = cfg.attention_backend == "reference" or output_attentions
         dropout_p = self.dropout if self.training else 0.0
         paper = cfg.ste_variant == "paper"
         weights = None
@@ -285,19 +285,23 @@ class SBMAttention(ZooAttention):
                 blocked, sampled = self.sample_dense(probs.detach(), delta, allowed, offset, sampling)
                 row_counts = m - blocked.sum(-1)  # (B, H, n) attended keys per query
                 sampled_counts = (row_counts if sampled is None else sampled.sum(-1, dtype=torch.float32)).sum(-1)
-                attended = None if not reference else blocked == 0
+                attended = blocked == 0 if output_attentions else None
             logits = (q.detach(), k.detach(), self.scaling) if paper else None
             bias, counts = DenseMaskSTE.apply(probs, blocked, sampled, sampled_counts, float(cfg.ste_clip), logits)
-            if reference:
+            if output_attentions:
                 out, weights = dense_masked_attention(
                     q, k, v, attended, dropout_p=dropout_p, scale=self.scaling, training=self.training,
-                    return_weights=output_attentions, logit_bias=bias,
+                    return_weights=True, logit_bias=bias,
                 )  # fmt: skip
             else:
-                # A float mask that requires grad makes SDPA use its math kernel and return the logit gradient.
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=self.scaling)
+                # The bias is the mask (the dtype's minimum off the graph) and carries the straight-through gradient;
+                # a float bias that requires grad makes SDPA use its math kernel and return that gradient.
+                out = dense_attention(
+                    q, k, v, logit_bias=bias, scale=self.scaling, dropout_p=dropout_p, training=self.training,
+                    backend=cfg.attention_backend,
+                )  # fmt: skip
                 out = out.masked_fill((row_counts == 0)[..., None], 0.0)
-            if cfg.ste_all_pairs and self.training:
+            if cfg.ste_all_pairs is not False and self.training:
                 with torch.no_grad():
                     unsampled = bias < 0 if allowed is None else (bias < 0) & allowed
                 out, counts = UnsampledPairsSTE.apply(
@@ -332,18 +336,18 @@ class SBMAttention(ZooAttention):
             owner = rows // n  # (b, h) of each edge
             counts = torch.zeros(B * H, device=device).index_add(0, owner, ones * sampled).view(B, H)
             attended_counts = torch.bincount(owner, minlength=B * H).view(B, H).float()
-            if reference:
+            if output_attentions:
                 flat = rows * m + cols % m
                 mask = torch.zeros(B * H * n * m, dtype=torch.bool, device=device).index_fill_(0, flat, True)
                 dense_bias = torch.zeros(B * H * n * m, device=device).index_put((flat,), logit_bias)
                 out, weights = dense_masked_attention(
                     q, k, v, mask.view(B, H, n, m), dropout_p=dropout_p, scale=self.scaling, training=self.training,
-                    return_weights=output_attentions, logit_bias=dense_bias.view(B, H, n, m),
+                    return_weights=True, logit_bias=dense_bias.view(B, H, n, m),
                 )  # fmt: skip
             else:
                 out = edge_attention(
                     qf, kf, vf, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p,
-                    training=self.training, sorted_rows=True,
+                    training=self.training, sorted_rows=True, backend=cfg.attention_backend,
                 )  # fmt: skip
                 out = unflatten_heads(out, B, H, n)
 
