@@ -14,14 +14,12 @@ the installed release uses.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import Seq2SeqLMOutput
-from transformers.utils import logging
-
-logger = logging.get_logger(__name__)
 
 LEGACY_CACHE_NAME = "past_key_values"
 #: Name of the decoder cache in model inputs and outputs for the installed transformers release.
@@ -42,9 +40,12 @@ def resolve_cache(cache: Any, past_key_values: Any) -> Any:
     if cache is not None:
         raise ValueError("Pass the decoder cache once, as `cache` or as `past_key_values`, not both.")
     if CACHE_NAME != LEGACY_CACHE_NAME and not torch.compiler.is_compiling():
-        logger.warning_once(
+        # A FutureWarning, as transformers' own models give for the old name (its common tests check for it).
+        warnings.warn(
             "`past_key_values` is deprecated since transformers 5.24 and will be removed in transformers 6; pass the "
-            "decoder cache as `cache`."
+            "decoder cache as `cache`.",
+            FutureWarning,
+            stacklevel=3,
         )
     return past_key_values
 

@@ -490,6 +490,5 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
             aux_loss=aux_loss,
-            encoder_attention_density=getattr(encoder_outputs, "attention_density", None),
         )
         return result if return_dict else result.to_tuple()

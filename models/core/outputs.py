@@ -57,7 +57,7 @@ class ZooSequenceClassifierOutput(SequenceClassifierOutput):
 
 @dataclass
 class ZooSeq2SeqLMOutput(Seq2SeqLMOutput):
-    """[`~transformers.modeling_outputs.Seq2SeqLMOutput`] plus `aux_loss` and the encoder's `attention_density`."""
+    """[`~transformers.modeling_outputs.Seq2SeqLMOutput`] plus `aux_loss`. The encoder's `attention_density` is on
+    the encoder's own output (`model.get_encoder()(...)`), keeping the fields transformers' seq2seq outputs have."""
 
     aux_loss: torch.FloatTensor | None = None
-    encoder_attention_density: torch.FloatTensor | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
+import warnings
 
 import pytest
 import torch
@@ -36,7 +36,7 @@ def test_cache_name_is_the_installed_release_s():
 
 
 @pytest.mark.parametrize("name", ["cache", "past_key_values"])
-def test_forward_accepts_both_cache_names_and_returns_the_installed_one(name, caplog):
+def test_forward_accepts_both_cache_names_and_returns_the_installed_one(name):
     model = _seq2seq()
     inputs = make_inputs(model.config, "conditional_generation", pad=False)
     dec = inputs.pop("decoder_input_ids")
@@ -45,12 +45,13 @@ def test_forward_accepts_both_cache_names_and_returns_the_installed_one(name, ca
         first = model(**inputs, decoder_input_ids=dec[:, :-1], use_cache=True)
         cache = compat.get_cache(first)
         assert isinstance(cache, EncoderDecoderCache)
-        with caplog.at_level(logging.WARNING, logger="attnzoo"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             last = model(**inputs, decoder_input_ids=dec[:, -1:], use_cache=True, **{name: cache})
     torch.testing.assert_close(last.logits[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
     assert isinstance(compat.get_cache(last), EncoderDecoderCache)
     # The old name is announced as deprecated exactly where transformers itself deprecates it.
-    warned = any("`past_key_values` is deprecated" in r.getMessage() for r in caplog.records)
+    warned = any("`past_key_values` is deprecated" in str(w.message) for w in caught if w.category is FutureWarning)
     assert warned == (name == "past_key_values" and compat.CACHE_NAME == "cache")
 
 
