@@ -63,3 +63,18 @@ def test_missing_folder_is_refused_without_a_download(tmp_path, script, capsys):
     argv = ["--model_name_or_path", str(tmp_path / "absent"), "--family", "sbm", "--max_position_embeddings", "64"]
     assert script.main([*argv, "--output_dir", str(tmp_path / "out")]) == 2
     assert "is not a checkpoint folder" in capsys.readouterr().err
+
+
+def test_hub_id_that_cannot_be_downloaded_is_refused_with_a_message(tmp_path, script, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    argv = [
+        "--model_name_or_path",
+        "attnzoo-tests/no-such-model",
+        "--family",
+        "sbm",
+        "--max_position_embeddings",
+        "64",
+    ]
+    assert script.main([*argv, "--output_dir", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "attnzoo-tests/no-such-model is not a local folder and could not be downloaded" in error
