@@ -9,8 +9,13 @@ The compute step never builds an `N x N` mask:
   of `l` queries against their `3l` (causal: `2l`) neighbouring keys; same residue = the transposed `(l, N / l)`
   view; own block = block-diagonal view; summary = all queries against the gathered summary columns);
 - merged fixed heads: blocks of `l` queries against [own non-summary keys ‖ all summary keys] (one SDPA call);
-- merged strided heads need one softmax over a window and a residue class, which no reshape gives: the shared CSR
-  edge kernel runs over the cached edge list.
+- merged strided heads need one softmax over a window and a residue class, which no reshape gives: the shared
+  edge kernel runs over the cached edge list (CSR torch path on CPU, Triton on CUDA: see `attnzoo.kernels.dispatch`).
+
+On CUDA the reshapes run on SDPA's FlashAttention / memory-efficient kernels with dense tiles. FlexAttention's
+`BlockMask` is not used for the merged strided heads: their residue sub-pattern touches every 128 x 128 block, so it
+would skip almost none (`research/performance.md` §1.2); the per-row edge kernel does O(N K) work instead. Neither
+choice has been measured on a GPU yet.
 
 Lengths that are not a multiple of `l` are padded internally with masked keys and sliced back.
 """
@@ -26,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.attention import AttentionOutput, ZooAttention
-from ..kernels import batch_head_offsets, edge_attention, flatten_heads, unflatten_heads
+from ..kernels import batch_head_offsets, edge_attention, flatten_heads, resolve_backend, unflatten_heads
 from .configuration_sparse_transformer import SparseTransformerConfig
 
 #: the two sub-patterns (A1, A2) of each pattern
@@ -368,7 +373,8 @@ class SparseTransformerAttention(ZooAttention):
 
     The pattern comes from the config (see [`SparseTransformerConfig`]); as decoder self-attention it is always
     causal. `config.attention_backend="reference"` (and `output_attentions=True`) runs dense masked attention over
-    the same pattern; incremental decoding steps build only the pattern rows of the new queries.
+    the same pattern (the plain truth of the reshapes and edge lists); incremental decoding steps build only the
+    pattern rows of the new queries. Otherwise the edge kernel's implementation follows `attention_backend`.
     `density` is the fraction of the `N x N` (query, key) pairs each head attends to at the padded length `N`.
     """
 
@@ -412,7 +418,8 @@ class SparseTransformerAttention(ZooAttention):
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
         q_len, k_len = q.shape[2], k.shape[2]
         incremental = q_len != k_len or query_offset != 0
-        if incremental or output_attentions or self.config.attention_backend == "reference":
+        reference = resolve_backend(self.config.attention_backend, q.device, q.dtype) == "reference"
+        if incremental or output_attentions or reference:
             q_pos = torch.arange(q_len, device=q.device) + query_offset
             mask = self.pattern_mask(q_pos, torch.arange(k_len, device=q.device))[None]  # (1, H, Nq, Nk)
             if key_valid is not None:
@@ -473,5 +480,6 @@ class SparseTransformerAttention(ZooAttention):
             dropout_p=dropout_p,
             training=self.training,
             sorted_rows=True,
+            backend=self.config.attention_backend,
         )
         return unflatten_heads(out, batch, heads, length)
