@@ -1,13 +1,13 @@
 """A²-Former family (`model_type="a2former"`), registered with the Auto classes on import.
 
-Also provides [`interpolated_attention`], a CSR kernel for attention over K points at fractional key positions
-(with its dense reference), usable by any method that samples interpolated keys.
+Also provides [`interpolated_attention_reference`], the dense reference of attention over K points at fractional key
+positions (the fast paths are [`attnzoo.kernels.gathered_attention`] with two weighted entries per slot).
 """
 
 from ..registry import Family, register_family
 from .attention_a2former import A2FormerAttention
 from .configuration_a2former import A2FormerConfig
-from .interpolated import interpolated_attention, interpolated_attention_reference
+from .interpolated import interpolated_attention_reference
 from .modeling_a2former import (
     A2FormerForConditionalGeneration,
     A2FormerForMaskedLM,
@@ -39,6 +39,5 @@ __all__ = [
     "A2FormerForSequenceClassification",
     "A2FormerModel",
     "A2FormerPreTrainedModel",
-    "interpolated_attention",
     "interpolated_attention_reference",
 ]

@@ -2,9 +2,10 @@
 
 Selection (:meth:`A2FormerAttention.sample_positions`): offsets predicted per head from the query token are added to
 the query's own index (the meta position), bounded to the span of the sample's real tokens (and to the past when
-causal) and split into its two neighbouring real keys plus an interpolation weight. Compute:
-[`interpolated_attention`] (CSR SDDMM / SpMM with 2K edges per query) or, with `attention_backend="reference"` (and
-`output_attentions=True`), the dense interpolation matrix on the same positions and weights.
+causal) and split into its two neighbouring real keys plus an interpolation weight. Compute: each point is one slot
+of [`~attnzoo.kernels.gathered_attention`] with two weighted entries (the neighbours, weights `1 - w` and `w`), whose
+implementation `attention_backend` picks (reference gather, CPU CSR path with 2K edges per query, or Triton); with
+`output_attentions=True` the dense interpolation matrix on the same positions and weights returns the weights.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from torch import nn
 
 from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import append_global_slots
+from ..kernels import gathered_attention
 from ..kernels.dropout import sample_keep_mask
 from .configuration_a2former import A2FormerConfig
-from .interpolated import interpolated_attention, interpolated_attention_reference
+from .interpolated import interpolated_attention_reference
 
 
 def spread_offsets(num_heads: int, num_points: int) -> torch.Tensor:
@@ -236,10 +238,12 @@ class A2FormerAttention(ZooAttention):
         }
         weights = None
         # Returned weights are part of the graph (a user may differentiate through them), as in the other families.
-        if output_attentions or self.config.attention_backend == "reference":
+        if output_attentions:
             out, weights = interpolated_attention_reference(q, k, v, i0, i1, w1, **kwargs)
         else:
-            out = interpolated_attention(q, k, v, i0, i1, w1, **kwargs)
+            # A point reads its two neighbours: one gathered slot of two entries weighted 1 - w1 and w1.
+            neighbours, mix = torch.stack((i0, i1), -1), torch.stack((1.0 - w1, w1), -1)  # (B, H, Nq, K, 2)
+            out = gathered_attention(q, k, v, neighbours, weight=mix, backend=self.config.attention_backend, **kwargs)
         return AttentionOutput(
             hidden_states=out,
             attn_weights=weights if output_attentions else None,

@@ -13,7 +13,6 @@ from attnzoo.a2former import (
     A2FormerForSequenceClassification,
     A2FormerModel,
 )
-from attnzoo.a2former.interpolated import interpolated_attention
 from attnzoo.kernels import dense_masked_attention, gathered_attention
 from attnzoo.testing import REPO_ROOT, load_config
 
@@ -330,7 +329,8 @@ def test_linear_weight_mode_starts_uniform():
     positions, i0, i1, _ = attn.sample_positions(offsets, None, 8)
     w1 = positions - i0
     v_points = (1 - w1)[..., None] * v[0, :, i0[0]] + w1[..., None] * v[0, :, i1[0]]  # (H, N, K, d) via broadcasting
-    expected = interpolated_attention(q, k, v, i0, i1, w1, logit_bias=logits, dot_product=False)
+    neighbours, mix = torch.stack((i0, i1), -1), torch.stack((1.0 - w1, w1), -1)
+    expected = gathered_attention(q, k, v, neighbours, weight=mix, logit_bias=logits, dot_product=False)
     torch.testing.assert_close(expected, v_points.diagonal(dim1=0, dim2=1).permute(3, 0, 1, 2).mean(-2)[None])
 
 

@@ -1,14 +1,25 @@
-"""The interpolated-attention kernel: CSR fast path vs the dense reference, and its degenerate limits."""
+"""Interpolated attention as gathered slots of two weighted entries: the CSR path (and its gather fallback) vs the
+dense interpolation-matrix reference, and the degenerate limits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnzoo.a2former.interpolated import interpolated_attention, interpolated_attention_reference
+from attnzoo.a2former.interpolated import interpolated_attention_reference
 from attnzoo.kernels import dense_masked_attention, gathered_attention
+from attnzoo.kernels.gathered import gathered_attention_with_mask
 
 B, H, NQ, NK, D, K = 2, 3, 6, 9, 8, 4
+
+
+def interpolated_attention(q, k, v, i0, i1, w1, *, use_sparse=None, keep=None, dropout_p=0.0, **kwargs):
+    """The CPU fast path of A²-Former's points: one slot per point, entries (i0, i1) weighted (1 - w1, w1)."""
+    neighbours, mix = torch.stack((i0, i1), -1), torch.stack((1.0 - w1, w1), -1)
+    return gathered_attention_with_mask(
+        q, k, v, neighbours, None, weight=mix, scale=None, keep=keep, dropout_p=dropout_p, use_sparse=use_sparse,
+        **kwargs,
+    )  # fmt: skip
 
 
 def _inputs(dtype: torch.dtype, seed: int, *, duplicates: bool = False):
