@@ -60,9 +60,8 @@ def test_every_head_trains_a_step_in_bf16_on_cuda(family, head):
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.parametrize("family,overrides", SPARSE, ids=IDS)
-def test_fast_path_runs_triton_and_equals_the_reference_on_cuda(family, overrides):
-    assert resolve_backend("fast", torch.device("cuda"), torch.float32) == "triton"
+def _fast_and_reference(family: str, overrides: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The family's encoder on CUDA with the default backend and a copy on the same weights with the reference."""
     torch.manual_seed(0)
     config = load_config(family, "tiny", attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, **overrides)
     fast = family_by_name(family).model_class(config).cuda().eval()
@@ -70,7 +69,14 @@ def test_fast_path_runs_triton_and_equals_the_reference_on_cuda(family, override
     reference_config.attention_backend = "reference"
     reference = family_by_name(family).model_class(reference_config).cuda().eval()
     reference.load_state_dict(fast.state_dict())
-    inputs = _inputs(config, "base")
+    return fast, reference
+
+
+@pytest.mark.parametrize("family,overrides", SPARSE, ids=IDS)
+def test_fast_path_runs_triton_and_equals_the_reference_on_cuda(family, overrides):
+    assert resolve_backend("fast", torch.device("cuda"), torch.float32) == "triton"
+    fast, reference = _fast_and_reference(family, overrides)
+    inputs = _inputs(fast.config, "base")
     results = []
     for model in (fast, reference):
         hidden = model(**inputs).last_hidden_state
@@ -86,14 +92,8 @@ def test_fast_path_runs_triton_and_equals_the_reference_on_cuda(family, override
 
 @pytest.mark.parametrize("family,overrides", SPARSE, ids=IDS)
 def test_bf16_triton_path_stays_close_to_the_fp32_reference(family, overrides):
-    torch.manual_seed(0)
-    config = load_config(family, "tiny", attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, **overrides)
-    model = family_by_name(family).model_class(config).cuda().eval()
-    reference_config = copy.deepcopy(config)
-    reference_config.attention_backend = "reference"
-    reference = family_by_name(family).model_class(reference_config).cuda().eval()
-    reference.load_state_dict(model.state_dict())
-    inputs = _inputs(config, "base")
+    model, reference = _fast_and_reference(family, overrides)
+    inputs = _inputs(model.config, "base")
     with torch.no_grad():
         expected = reference(**inputs).last_hidden_state
         with torch.autocast("cuda", dtype=torch.bfloat16):
