@@ -212,17 +212,20 @@ class _EncoderHeadMixin:
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
 
-    def run_encoder(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, oa, oh, rd):
-        return self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=oa,
-            output_hidden_states=oh,
-            return_dict=True,
-        ), self.resolve_output_flags(oa, oh, rd)[2]
+    def run_encoder(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, oa, oh, rd, labels):
+        """Run the encoder (in the head's `encoder_label_scope` for `labels`); returns its output and `return_dict`."""
+        with self.encoder_label_scope(labels):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+                output_attentions=oa,
+                output_hidden_states=oh,
+                return_dict=True,
+            )
+        return out, self.resolve_output_flags(oa, oh, rd)[2]
 
 
 class ZooForMaskedLM(_EncoderHeadMixin, ZooPreTrainedModel):
@@ -266,17 +269,17 @@ class ZooForMaskedLM(_EncoderHeadMixin, ZooPreTrainedModel):
             labels (`torch.LongTensor` of shape `(batch, seq_len)`, *optional*): target ids, -100 where ignored.
             num_items_in_batch (`int`, *optional*): number of target tokens in the accumulated batch (Trainer).
         """
-        with self.encoder_label_scope(labels):
-            out, return_dict = self.run_encoder(
-                input_ids,
-                attention_mask,
-                token_type_ids,
-                position_ids,
-                inputs_embeds,
-                output_attentions,
-                output_hidden_states,
-                return_dict,
-            )
+        out, return_dict = self.run_encoder(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict,
+            labels,
+        )
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
@@ -326,17 +329,17 @@ class ZooForSequenceClassification(_EncoderHeadMixin, ZooPreTrainedModel):
         """
         if labels is not None:
             self._check_labels(labels)
-        with self.encoder_label_scope(labels):
-            out, return_dict = self.run_encoder(
-                input_ids,
-                attention_mask,
-                token_type_ids,
-                position_ids,
-                inputs_embeds,
-                output_attentions,
-                output_hidden_states,
-                return_dict,
-            )
+        out, return_dict = self.run_encoder(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
+            return_dict,
+            labels,
+        )
         logits = self.classifier(out.last_hidden_state, attention_mask)
         loss = None
         if labels is not None:
