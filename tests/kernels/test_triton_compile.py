@@ -43,11 +43,21 @@ SCRIPT = textwrap.dedent(
         source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
         return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
-    for head_dim, flag in ((64, True), (64, False), (128, True)):
-        meta = gathered._meta(head_dim, 2, flag, *(object() if flag else None for _ in range(4)))
+    # Gathered slots as the families use them: A2-Former (two weighted entries, every option, d = 64 and 128; linear
+    # logits), Smart Bird (one entry, validity only); edges with every option and with none.
+    given, absent = object(), None
+    for head_dim, entries, dot, options in (
+        (64, 2, True, (given, given, given, given)),
+        (128, 2, True, (given, given, given, given)),
+        (64, 2, False, (given, absent, given, absent)),
+        (64, 1, True, (absent, given, absent, absent)),
+    ):
+        meta = gathered._meta(head_dim, entries, dot, *options)
         compile_kernel(gathered._gathered_fwd, dict(meta))
-        compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=flag, NEED_BIAS=flag))
-        meta = edges._meta(head_dim, *(object() if flag else None for _ in range(3)))
+        needs = {"NEED_WEIGHT": options[0] is given, "NEED_BIAS": options[2] is given}
+        compile_kernel(gathered._gathered_bwd, dict(meta, **needs))
+    for head_dim, flag in ((64, True), (64, False), (128, True)):
+        meta = edges._meta(head_dim, *(given if flag else absent for _ in range(3)))
         compile_kernel(edges._edge_fwd, dict(meta))
         compile_kernel(edges._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag))
     print("compiled")
