@@ -132,3 +132,65 @@ def mean_sst2_accuracy(
     """
     runs = [train_and_eval_sst2(family_name, config_overrides, steps=steps, seed=seed) for seed in seeds]
     return sum(run["accuracy"] for run in runs) / len(runs)
+
+
+def majority_token_batch(
+    batch: int, generator: torch.Generator, length: int = 48
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Is token 7 or token 8 the majority among the 7s and 8s of a sequence? `(input_ids (B, N), labels (B,))`.
+
+    Each sequence is `[CLS]` (id 2) followed by noise tokens 9-20, of which 10-19 positions are replaced by 7s and 8s
+    (never a tie); the label is 1 where the 8s are the majority. Learnable by any model that can count two tokens.
+    """
+    ids = torch.randint(9, 21, (batch, length), generator=generator)
+    ids[:, 0] = 2
+    labels = torch.randint(0, 2, (batch,), generator=generator)
+    for row in range(batch):
+        count = int(torch.randint(10, 20, (1,), generator=generator))
+        majority = count // 2 + 1 + int(torch.randint(0, (count - 1) // 2 + 1, (1,), generator=generator))
+        majority = min(majority, count)
+        positions = 1 + torch.randperm(length - 1, generator=generator)[:count]
+        winner, loser = (8, 7) if labels[row] else (7, 8)
+        ids[row, positions[:majority]] = winner
+        ids[row, positions[majority:]] = loser
+    return ids, labels
+
+
+def majority_token_accuracy(
+    family_name: str,
+    config_overrides: dict[str, Any] | None = None,
+    steps: int = 80,
+    batch_size: int = 32,
+    learning_rate: float = 2e-3,
+    seed: int = 0,
+) -> float:
+    """Accuracy on 512 held-out sequences of [`majority_token_batch`] after `steps` AdamW steps from scratch.
+
+    The model is a small classifier (2 layers, width 64, 4 heads) with every method field at the family's default,
+    so it checks that the default classifier learns a trivially learnable task.
+    """
+    torch.manual_seed(seed)
+    family = family_by_name(family_name)
+    fields = {
+        "vocab_size": 32,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "max_position_embeddings": 512,
+        "num_labels": 2,
+        **(config_overrides or {}),
+    }
+    config = family.config_class(**fields)
+    model = family.sequence_classification_class(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        ids, labels = majority_token_batch(batch_size, generator)
+        model(input_ids=ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    ids, labels = majority_token_batch(512, torch.Generator().manual_seed(10_000 + seed))
+    with torch.no_grad():
+        return float((model(input_ids=ids).logits.argmax(-1) == labels).float().mean())

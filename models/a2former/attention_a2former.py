@@ -171,22 +171,27 @@ class A2FormerAttention(ZooAttention):
 
     @staticmethod
     def add_global_points(
-        i0: torch.Tensor, w1: torch.Tensor, point_logits: torch.Tensor | None, key_valid: torch.Tensor | None, g: int
+        i0: torch.Tensor,
+        i1: torch.Tensor,
+        w1: torch.Tensor,
+        point_logits: torch.Tensor | None,
+        key_valid: torch.Tensor | None,
+        g: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Append the `g` global keys as `g` more points on integer positions (`i0 = i1 = j`, weight 0), so every
-        query reads them in the same softmax as its own points; a padded global key gets a `-inf` logit. In the
-        linear weight mode a global point's logit is 0 (it has no learned logit of its own).
+        """Append the `g` global keys as `g` more points on integer positions (both neighbours `j`, weight 0), so
+        every query reads them in the same softmax as its own points; a padded global key gets a `-inf` logit. In
+        the linear weight mode a global point's logit is 0 (it has no learned logit of its own).
 
         Returns:
             `i0`, `i1`, `w1` `(B, H, Nq, K + g)` and the point logits / bias `(B, H, Nq, K + g)` (or `None`).
         """
-        index, real = append_global_slots(i0, None, key_valid, g, as_set=False)
+        i0, real = append_global_slots(i0, None, key_valid, g, as_set=False)
+        i1 = torch.cat([i1, i0[..., -g:]], dim=-1)
         bias = None
         if point_logits is not None or key_valid is not None:
             own = torch.zeros_like(w1) if point_logits is None else point_logits.expand_as(w1)
-            extra = torch.zeros(*w1.shape[:-1], g, device=w1.device, dtype=w1.dtype)
-            bias = torch.cat([own, extra], dim=-1).masked_fill(~real, float("-inf"))
-        return index, index, torch.cat([w1, torch.zeros_like(w1[..., :g])], dim=-1), bias
+            bias = F.pad(own, (0, g)).masked_fill(~real, float("-inf"))
+        return i0, i1, F.pad(w1, (0, g)), bias
 
     @staticmethod
     def interpolation_weight(positions: torch.Tensor, i0: torch.Tensor, i1: torch.Tensor) -> torch.Tensor:
@@ -221,7 +226,7 @@ class A2FormerAttention(ZooAttention):
         logit_bias = point_logits
         g = self.global_positions(num_keys)
         if g:
-            i0, i1, w1, logit_bias = self.add_global_points(i0, w1, logit_bias, key_valid, g)
+            i0, i1, w1, logit_bias = self.add_global_points(i0, i1, w1, logit_bias, key_valid, g)
         if not bool(row_valid.all()):
             # Rows without any real key: -inf on every point gives exact zeros.
             empty = torch.zeros(row_valid.shape, device=q.device).masked_fill(~row_valid, float("-inf"))

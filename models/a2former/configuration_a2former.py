@@ -22,6 +22,14 @@ class A2FormerConfig(ZooConfig):
     there; the method adds:
 
     Args:
+        num_global_tokens (`int`, *optional*, defaults to 1):
+            Global positions (the classification token): they attend to every real token and every token attends
+            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
+            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
+        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
+            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
+            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
+            method parameters (which shape the other rows) would never be trained.
         num_sample_points (`int`, *optional*, defaults to 10):
             Number K of points every query (per head) samples; the paper uses 10 on every task.
         attention_weights (`str`, *optional*, defaults to `"dot_product"`):
@@ -58,6 +66,8 @@ class A2FormerConfig(ZooConfig):
 
     model_type = "a2former"
 
+    num_global_tokens: int = 1
+    classifier_pooling: str = "mean"
     num_sample_points: int = 10
     attention_weights: str = "dot_product"
     offset_bias_init: str = "spread"

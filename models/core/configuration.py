@@ -51,8 +51,9 @@ class ZooConfig(PreTrainedConfig):
         pre_norm (`bool`, *optional*, defaults to `False`):
             Pre-norm blocks (LayerNorm before each sub-layer, plus a final LayerNorm) instead of BERT's post-norm.
         classifier_pooling (`str`, *optional*, defaults to `"cls"`):
-            How the classification head pools the sequence: `"cls"` (first token), `"mean"` (over real tokens) or
-            `"attention"` (learned additive attention pooling).
+            How the classification head pools the sequence: `"cls"` (first token, BERT's; the dense family's
+            default), `"mean"` (over real tokens; the sparse families' default) or `"attention"` (learned additive
+            attention pooling).
         classifier_dropout (`float`, *optional*):
             Dropout before the classifier; defaults to `hidden_dropout_prob`.
         num_global_tokens (`int`, *optional*, defaults to 0):

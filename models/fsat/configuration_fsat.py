@@ -25,6 +25,14 @@ class FSATConfig(ZooConfig):
     [`~attnzoo.core.ZooConfig`] apply; FSAT adds the fields below and halves the default FFN width.
 
     Args:
+        num_global_tokens (`int`, *optional*, defaults to 1):
+            Global positions (the classification token): they attend to every real token and every token attends
+            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
+            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
+        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
+            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
+            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
+            method parameters (which shape the other rows) would never be trained.
         intermediate_size (`int`, *optional*, defaults to 512):
             FFN width. The paper uses 2x `hidden_size` (instead of 4x) to offset the parameters of the two feature
             maps; the default is 2x the default `hidden_size` of 256.
@@ -51,10 +59,12 @@ class FSATConfig(ZooConfig):
         use_sparse (`bool`, *optional*, defaults to `True`):
             `False` gives the paper's "FAT" ablation: dense attention of the hidden-state queries over the keys and
             values of the pooled cross (no index prediction, O(N^2)).
-        index_scale (`str`, *optional*, defaults to `"max_length"`):
-            Scale `L` of the predicted positions `I_bar = sigmoid(C W_I + b_I) * L`: `"max_length"` uses
-            `index_max_length` (faithful; independent of the batch's padded length), `"sequence_length"` uses each
-            sample's real length (ours; keeps predictions inside short sequences).
+        index_scale (`str`, *optional*, defaults to `"sequence_length"`):
+            Scale `L` of the predicted positions `I_bar = sigmoid(C W_I + b_I) * L`: `"sequence_length"` uses each
+            sample's real length (ours, the default: predictions stay inside every sequence), `"max_length"` uses
+            `index_max_length` (the paper's). With `"max_length"`, a sequence much shorter than `L_max` (most
+            documents of a long-input model) gets its predictions past its last token at initialisation (the
+            sigmoid starts at 0.5, so near `L_max / 2`): those edges are dropped and its queries attend to nothing.
         index_max_length (`int`, *optional*):
             `L_max`, the task's longest sequence; defaults to `max_position_embeddings`.
         shared_index_predictor (`bool`, *optional*, defaults to `False`):
@@ -74,6 +84,8 @@ class FSATConfig(ZooConfig):
     model_type = "fsat"
 
     intermediate_size: int = 512
+    num_global_tokens: int = 1
+    classifier_pooling: str = "mean"
     num_dominant_indices: int = 4
     num_random_indices: int = 4
     confidence_variance: float | int | None = None
@@ -83,7 +95,7 @@ class FSATConfig(ZooConfig):
     feature_map_act: str = "gelu"
     gradient_truncation: bool = True
     use_sparse: bool = True
-    index_scale: str = "max_length"
+    index_scale: str = "sequence_length"
     index_max_length: int | None = None
     shared_index_predictor: bool = False
 

@@ -23,6 +23,14 @@ class SBMConfig(ZooConfig):
     bipartite graphs natively); `sbm_in_decoder` and `sbm_in_cross_attention` fall back to dense attention per site.
 
     Args:
+        num_global_tokens (`int`, *optional*, defaults to 1):
+            Global positions (the classification token): they attend to every real token and every token attends
+            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
+            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
+        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
+            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
+            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
+            method parameters (which shape the other rows) would never be trained.
         num_clusters (`int`, *optional*, defaults to 128):
             Number of clusters `k` of the block model (cluster embeddings per head of shape `(k, head_dim)`).
         exploration_delta (`float`, *optional*, defaults to 0.01):
@@ -39,14 +47,16 @@ class SBMConfig(ZooConfig):
             multiplies the logits, so it receives the logit gradient times the logit.
         ste_clip (`float`, *optional*, defaults to 1.0):
             Clip (hardtanh) applied to the gradient of each sampled edge probability.
-        ste_all_pairs (`bool`, *optional*, defaults to `False`):
+        ste_all_pairs (`bool`, *optional*):
             Also give the pairs that were *not* sampled a straight-through gradient: the gradient their mask entry
             would get if the mask gated the softmax weights (`e^{s_ij} / Z_i` times the gain of adding key `j`, times
             the logit for the `"paper"` variant), so the loss sees the cost of a missing edge. The official code
             computes this gradient for every pair and keeps the sampled ones only (`grad ⊙ M`), as does the paper;
-            keeping all of them made the density collapse seen on the repeated-token task rare (see the model
-            card).
-            Needs `sampling_backend="bernoulli"`, since it scores every pair (an O(N²) backward pass).
+            without the unsampled pairs the density collapsed to `δ` in 3 of 5 seeds of the repeated-token task
+            at N = 64, with them in none (see the model card). `None` (default): on wherever a layer samples its
+            graph densely (the Bernoulli backend, also when `"auto"` picks it), since it scores every pair (an
+            O(N²) backward pass); fastRG graphs use the paper's estimator. `False`: the paper's estimator alone.
+            `True` requires `sampling_backend="bernoulli"`.
         shared_membership_mlp (`bool`, *optional*, defaults to `True`):
             One membership MLP per layer shared by all heads and by queries and keys (official code); `False` gives
             each head its own MLP (paper text).
@@ -93,13 +103,15 @@ class SBMConfig(ZooConfig):
     model_type = "sbm"
     method_sites: ClassVar[tuple[str, ...]] = ("encoder", "decoder", "cross_attention")
 
+    num_global_tokens: int = 1
+    classifier_pooling: str = "mean"
     num_clusters: int = 128
     exploration_delta: float | int = 0.01
     exploration_at_eval: bool = True
     sparsity_weight: float | int = 0.0
     ste_variant: str = "official"
     ste_clip: float | int = 1.0
-    ste_all_pairs: bool = False
+    ste_all_pairs: bool | None = None
     shared_membership_mlp: bool = True
     membership_logit_bias: float | int = 0.0
     add_self_loops: bool = False
@@ -123,7 +135,7 @@ class SBMConfig(ZooConfig):
             raise ValueError(f"`ste_variant` must be one of {STE_VARIANTS}, got {self.ste_variant!r}.")
         if self.ste_clip <= 0:
             raise ValueError(f"`ste_clip` must be positive, got {self.ste_clip}.")
-        if self.ste_all_pairs and self.sampling_backend != "bernoulli":
+        if self.ste_all_pairs is True and self.sampling_backend != "bernoulli":
             raise ValueError(
                 "`ste_all_pairs=True` needs `sampling_backend='bernoulli'` (it scores every pair), got "
                 f"{self.sampling_backend!r}."

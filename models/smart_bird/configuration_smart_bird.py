@@ -27,6 +27,14 @@ class SmartBirdConfig(ZooConfig):
     `aux_loss_coef * aux_loss` to the task loss, so the effective weight is `aux_loss_coef * sketch_loss_weight`.
 
     Args:
+        num_global_tokens (`int`, *optional*, defaults to 1):
+            Global positions (the classification token): they attend to every real token and every token attends
+            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
+            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
+        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
+            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
+            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
+            method parameters (which shape the other rows) would never be trained.
         sketch_hidden_size (`int`, *optional*, defaults to 4):
             Width `d` of the single-head sketch Transformer (the paper's choice; 8 was marginally better).
         sketch_num_layers (`int`, *optional*):
@@ -64,6 +72,8 @@ class SmartBirdConfig(ZooConfig):
 
     model_type = "smart_bird"
 
+    num_global_tokens: int = 1
+    classifier_pooling: str = "mean"
     sketch_hidden_size: int = 4
     sketch_num_layers: int | None = None
     sketch_intermediate_size: int = 16

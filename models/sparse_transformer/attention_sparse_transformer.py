@@ -458,6 +458,10 @@ class SparseTransformerAttention(ZooAttention):
                 outs.append(SUB_PATTERN_ATTENTION[kinds[0]](qh, kh, vh, key_valid, self.spec, dropout_p, self.scaling))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
+    # A compiler boundary, as in the other families that run the CSR edge kernel: its custom autograd Function breaks
+    # dynamo's automatic-dynamic shapes pass (IndexError in torch 2.13), so under `torch.compile` this part runs
+    # eagerly (one graph break per layer) and the rest of the model is compiled.
+    @torch.compiler.disable
     def _edge_attention(self, q, k, v, key_valid, dropout_p: float, kinds: tuple[str, ...]) -> Tensor:
         # One softmax over the union of `kinds` (and the global columns) per head: the shared CSR edge kernel over
         # the cached, duplicate-free edge list.

@@ -38,6 +38,14 @@ class SparseTransformerConfig(ZooConfig):
     self-attention is always causal; `sparse_causal` only concerns the encoder.
 
     Args:
+        num_global_tokens (`int`, *optional*, defaults to 1):
+            Global positions (the classification token): they attend to every real token and every token attends
+            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
+            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
+        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
+            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
+            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
+            method parameters (which shape the other rows) would never be trained.
         sparse_pattern (`str`, *optional*, defaults to `"strided"`):
             `"strided"` or `"fixed"` (see above). The paper prefers `"fixed"` for text; `"strided"` with split heads is
             the encoder baseline of Smart Bird and the cheapest pattern to compute.
@@ -70,6 +78,8 @@ class SparseTransformerConfig(ZooConfig):
     model_type = "sparse_transformer"
     method_sites: ClassVar[tuple[str, ...]] = ("encoder", "decoder")
 
+    num_global_tokens: int = 1
+    classifier_pooling: str = "mean"
     sparse_pattern: str = "strided"
     sparse_stride: int = 64
     sparse_summary_size: int = 8

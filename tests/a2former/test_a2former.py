@@ -30,6 +30,8 @@ def _config(**overrides) -> A2FormerConfig:
         "num_sample_points": POINTS,
         "attention_probs_dropout_prob": 0.0,
         "hidden_dropout_prob": 0.0,
+        # The paper's attention alone; global tokens are tested in tests/models/test_global_tokens.py.
+        "num_global_tokens": 0,
     }
     fields.update(overrides)
     return A2FormerConfig(**fields)

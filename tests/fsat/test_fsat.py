@@ -372,3 +372,11 @@ def test_shared_index_predictor_gives_every_head_the_same_graph():
     mean = module.predict_indices(module.pooled_cross(x, valid), valid.sum(-1))  # (B, H, N, M)
     assert mean.shape == (B, H, N, 4)
     assert torch.equal(mean, mean[:, :1].expand_as(mean))
+
+
+def test_default_classifier_learns_the_majority_token_task():
+    # Issue 18's check: with the paper's settings alone (no global token, predictions scaled by the maximum length)
+    # the first token received no edge and the classifier reached 0.65; the defaults must learn it.
+    from attnzoo.testing import majority_token_accuracy
+
+    assert majority_token_accuracy("fsat") >= 0.9

@@ -82,12 +82,20 @@ def test_global_rows_are_dense_attention_over_the_real_keys(model_type):
     assert (cols > 0).all()
 
 
-@pytest.mark.parametrize("model_type", SPARSE)
-def test_fast_path_equals_reference_with_global_tokens(model_type):
+@pytest.mark.parametrize(
+    ("model_type", "overrides"),
+    [(name, {}) for name in SPARSE]
+    + [
+        ("sbm", {"sampling_backend": "fastrg"}),
+        ("sparse_transformer", {"sparse_pattern": "fixed", "sparse_head_assignment": "merged"}),
+        ("a2former", {"attention_weights": "linear"}),
+    ],
+)
+def test_fast_path_equals_reference_with_global_tokens(model_type, overrides):
     ids, mask = _inputs(load_config(FAMILIES[model_type], "tiny").vocab_size)
     results = []
     for backend in ("fast", "reference"):
-        model = _model(model_type, num_global_tokens=3, attention_backend=backend).train()
+        model = _model(model_type, num_global_tokens=3, attention_backend=backend, **overrides).train()
         torch.manual_seed(5)
         hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
         loss = (hidden * mask[..., None]).pow(2).mean()

@@ -37,6 +37,8 @@ def make_config(**overrides) -> SBMConfig:
         "attention_probs_dropout_prob": 0.0,
         "hidden_dropout_prob": 0.0,
         "decoder_layers": 1,
+        # The paper's attention alone; global tokens are tested in tests/models/test_global_tokens.py.
+        "num_global_tokens": 0,
     }
     base.update(overrides)
     return SBMConfig(**base)

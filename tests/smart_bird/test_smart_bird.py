@@ -32,6 +32,8 @@ def tiny_config(**overrides) -> SmartBirdConfig:
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
         "num_samples": 6,
+        # The paper's attention alone; global tokens are tested in tests/models/test_global_tokens.py.
+        "num_global_tokens": 0,
     }
     fields.update(overrides)
     return SmartBirdConfig(**fields)

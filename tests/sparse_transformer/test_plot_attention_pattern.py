@@ -47,7 +47,10 @@ def test_script_writes_an_image_and_the_masks_of_any_family(family, tmp_path):
         config = SparseTransformerConfig.from_pretrained(ROOT / "configs" / "models" / family / "tiny.json")
         config.sparse_pattern, config.sparse_head_assignment, config.sparse_summary_size = "fixed", "merged", 3
         pos = torch.arange(46)
-        expected = SparseTransformerAttention(config).pattern_mask(pos, pos) & (pos < 40)
+        attention = SparseTransformerAttention(config)
+        expected = attention.pattern_mask(pos, pos) & (pos < 40)
+        expected[:, : attention.num_global_tokens] = pos < 40  # global rows read every real key
+        assert attention.num_global_tokens == 1
         assert torch.equal(masks[0][:, :40], expected[:, :40])
     else:
         assert masks[1][:, :, :40].all()

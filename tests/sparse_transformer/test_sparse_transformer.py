@@ -44,7 +44,14 @@ def mask_sets(mask: torch.Tensor) -> list[set]:
 
 
 def make_attention(layer_idx: int = 0, is_causal: bool = False, **overrides) -> SparseTransformerAttention:
-    fields = {"hidden_size": 32, "num_attention_heads": 4, "vocab_size": 100, "attention_probs_dropout_prob": 0.0}
+    # The paper's attention alone; global tokens are tested in tests/models/test_global_tokens.py.
+    fields = {
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "vocab_size": 100,
+        "attention_probs_dropout_prob": 0.0,
+        "num_global_tokens": 0,
+    }
     fields.update(overrides)
     return SparseTransformerAttention(SparseTransformerConfig(**fields), is_causal=is_causal, layer_idx=layer_idx)
 
