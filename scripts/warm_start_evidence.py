@@ -350,7 +350,9 @@ def step_continue() -> dict[str, Any]:
         ]  # fmt: skip
         record = run(f"continue-{family}", command, output)
         history = json.loads((ROOT / output / "log_history.json").read_text(encoding="utf-8"))
-        record["eval_loss"] = [[row["step"], row["eval_loss"]] for row in history if "eval_loss" in row]
+        # The last evaluation of the schedule and the final one share a step: one point per step.
+        evaluations = {row["step"]: row["eval_loss"] for row in history if "eval_loss" in row}
+        record["eval_loss"] = sorted([step, loss] for step, loss in evaluations.items())
         record["train_loss"] = [[row["step"], row["loss"]] for row in history if "loss" in row]
         record["train_runtime"] = metrics_of(output)["metrics"].get("train_runtime")
         results[family] = record
@@ -481,7 +483,8 @@ def _pair(result: dict[str, Any], family: str) -> str:
 def write_table() -> str:
     """`scripts/results/warm-start/README.md`'s table (returned) and `continue_curves.png`, from the step JSONs."""
     convert, cont, sst2, imdb, seq2seq = (_load(step) for step in ("convert", "continue", "sst2", "imdb", "seq2seq"))
-    dense_end = cont.get("dense_transformer", {}).get("eval_loss", [[0, None]])[-1][1]
+    dense_curve = _curve(cont.get("dense_transformer", {}))
+    dense_end = dense_curve[-1][1] if dense_curve else None
     rows = [
         "| family | MLM loss @128 after conversion (512 / 2048 positions) | MLM loss @2048: converted → after "
         f"{CONTINUE['steps']} steps (vs dense) | SST-2 dev accuracy, warm / scratch "
@@ -494,7 +497,7 @@ def write_table() -> str:
         rows.append(f"| BERT source | {source:.3f} (@512: {_cell(source_512)}) | – | – | – |")
     for family in FAMILIES:
         losses = [convert.get(f"{family}-{length}", {}).get("eval_128", {}).get("eval_loss") for length in LENGTHS]
-        curve = cont.get(family, {}).get("eval_loss")
+        curve = _curve(cont.get(family, {}))
         if curve:
             end = curve[-1][1]
             relative = f" ({100 * (end / dense_end - 1):+.1f}%)" if dense_end and family != "dense_transformer" else ""
@@ -521,6 +524,11 @@ def write_table() -> str:
     return table
 
 
+def _curve(record: dict[str, Any]) -> list[list[float]]:
+    """`[step, eval_loss]` points, one per step (a record may hold the final evaluation twice)."""
+    return sorted([step, loss] for step, loss in dict(map(tuple, record.get("eval_loss", []))).items())
+
+
 def _plot_curves(cont: dict[str, Any]) -> None:
     """Held-back MLM loss at 2048 tokens during continued pretraining (the training loss of Smart Bird and SBM also
     holds their auxiliary terms, so only the evaluation loss compares the families)."""
@@ -532,7 +540,7 @@ def _plot_curves(cont: dict[str, Any]) -> None:
     figure, axis = plt.subplots(figsize=(6.5, 4))
     for family in FAMILIES:
         if family in cont:
-            axis.plot(*zip(*cont[family]["eval_loss"], strict=True), marker="o", label=family)
+            axis.plot(*zip(*_curve(cont[family]), strict=True), marker="o", label=family)
     source = cont.get("source_eval_512", {}).get("eval_loss")
     if source is not None:
         axis.axhline(source, color="black", linestyle="--", linewidth=1, label="BERT source, 512-token blocks")
