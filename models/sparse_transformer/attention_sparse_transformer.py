@@ -12,6 +12,7 @@ The compute step never builds an `N x N` mask:
 - merged strided heads need one softmax over a window and a residue class, which no reshape gives: the shared
   edge kernel runs over the cached edge list (CSR torch path on CPU, Triton on CUDA: see `attnzoo.kernels.dispatch`).
 
+With global tokens (`num_global_tokens > 0`) every head takes the edge kernel: the global columns join the softmax.
 On CUDA the reshapes run on SDPA's FlashAttention / memory-efficient kernels with dense tiles. FlexAttention's
 `BlockMask` is not used for the merged strided heads: their residue sub-pattern touches every 128 x 128 block, so it
 would skip almost none (`research/performance.md` §1.2); the per-row edge kernel does O(N K) work instead. Neither
