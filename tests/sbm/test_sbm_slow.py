@@ -36,19 +36,24 @@ def full_attention_log(script: ModuleType, seed: int) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(5400)
 @pytest.mark.parametrize(
-    "seed,all_pairs",
-    [(0, False), (0, True), (2, True), (4, True)],
-    ids=["paper-ste-seed0", "all-pairs-seed0", "all-pairs-seed2", "all-pairs-seed4"],
+    "seed,estimator",
+    [(0, "paper"), (0, "paper+all-pairs"), (2, "paper+all-pairs"), (4, "paper+all-pairs"), (4, "default")],
+    ids=["paper-ste-seed0", "all-pairs-seed0", "all-pairs-seed2", "all-pairs-seed4", "default-estimator-seed4"],
 )
-def test_repeated_tokens_sbm_approaches_full_attention_and_density_rises(synthetic_script, seed, all_pairs):
+def test_repeated_tokens_sbm_approaches_full_attention_and_density_rises(synthetic_script, seed, estimator):
     # Paper §5.1 / Figure 4 reduced to a CPU budget: N=64 and batch 64 instead of 256 (one layer, one head, width
     # 32, k=128, lr 1e-3 as in the paper); see scripts/sbm_synthetic.py for the setup and the full-size run.
     # With the paper's estimator alone the density collapses to δ in 3 of 5 seeds (2 and 4 among them); seed 0 is
     # one that solves it, pinned as a regression test. With `ste_all_pairs` every seed measured solves it, including
-    # seeds 2 and 4. The runs are deterministic on CPU.
+    # seeds 2 and 4; so does the model's default estimator (official variant, unsampled pairs included), which the
+    # last case runs on seed 4. The runs are deterministic on CPU.
     torch.set_num_threads(1)
     script = synthetic_script
-    overrides = {**script.SBM_TASK_OVERRIDES, "ste_all_pairs": all_pairs}
+    overrides = {
+        "paper": script.SBM_TASK_OVERRIDES,
+        "paper+all-pairs": {**script.SBM_TASK_OVERRIDES, "ste_all_pairs": True},
+        "default": {},
+    }[estimator]
     dense = full_attention_log(script, seed)
     sbm_run = script.train("sbm", steps=3000, sbm_overrides=overrides, seed=seed, **SYNTHETIC_SETUP)
     sbm = sbm_run["log"]
