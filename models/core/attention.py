@@ -189,9 +189,12 @@ class ZooAttention(nn.Module):
             training=self.training,
             return_weights=out.attn_weights is not None,
         )
-        out.hidden_states = splice_rows(out.hidden_states, rows, key_valid)
-        if out.attn_weights is not None:
-            out.attn_weights = splice_rows(out.attn_weights, weights, key_valid)
+        if out.attn_weights is None:
+            out.hidden_states = splice_rows(out.hidden_states, rows, key_valid)
+            return out
+        out.attn_weights = splice_rows(out.attn_weights, weights, key_valid)
+        # The returned weights are the ones applied to the values, in the graph (as without global tokens).
+        out.hidden_states = torch.matmul(out.attn_weights, v.to(out.attn_weights.dtype)).to(out.hidden_states.dtype)
         return out
 
     def query_offset(self, q: torch.Tensor, k: torch.Tensor, cache: Cache | None) -> int:
