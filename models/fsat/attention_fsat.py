@@ -9,6 +9,7 @@ Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.m
    `(floor(I_bar_jm) -> j)`, plus in training uniformly drawn queries per key.
 5. Compute: segment softmax over each query's edges, times the Gaussian confidence `rho(i | I_bar, sigma^2)` (no
    renormalisation), through the shared edge-list kernel. The confidence gradient can be truncated to `(-inf, 0]`.
+   The training-only exploration edges of a query have a softmax of their own (ours, see `sparse_attend`).
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class FSATEdges:
         cols (`torch.LongTensor` of shape `(E,)`): flat key row `(b*H + h)*N + j`.
         query_index (`torch.Tensor` of shape `(E,)`): integer query position `i` as fp32 (constant).
         mean (`torch.Tensor` of shape `(E,)`): the prediction `I_bar` the edge's confidence is centred on.
-        predicted (`torch.BoolTensor` of shape `(E,)`): True for predicted edges, False for random ones.
+        predicted (`torch.BoolTensor` of shape `(E,)`): True for predicted edges, False for random and global ones.
+        explore (`torch.BoolTensor` of shape `(E,)`): True for the random (training-only exploration) edges.
     """
 
     rows: torch.Tensor
@@ -139,6 +141,7 @@ class FSATEdges:
     query_index: torch.Tensor
     mean: torch.Tensor
     predicted: torch.Tensor
+    explore: torch.Tensor
 
 
 class FSATAttention(ZooAttention):
@@ -246,6 +249,7 @@ class FSATAttention(ZooAttention):
             query_index=index[keep].to(torch.float32),
             mean=slot_mean[keep],
             predicted=predicted[keep],
+            explore=~predicted[keep],
         )
 
     def add_global_edges(
@@ -264,6 +268,7 @@ class FSATAttention(ZooAttention):
             query_index=torch.cat([edges.query_index[own], (rows % N).to(torch.float32)]),
             mean=torch.cat([edges.mean[own], (rows % N).to(edges.mean.dtype)]),
             predicted=torch.cat([edges.predicted[own], fixed]),
+            explore=torch.cat([edges.explore[own], fixed]),
         )
         return merged, torch.cat([conf[own], torch.ones(rows.shape, dtype=conf.dtype, device=conf.device)])
 
@@ -337,7 +342,16 @@ class FSATAttention(ZooAttention):
         valid: torch.Tensor,
         output_attentions: bool,
     ) -> AttentionOutput:
-        """FSAT proper: select the edges from `cross`, then attend along them."""
+        """FSAT proper: select the edges from `cross`, then attend along them.
+
+        The exploration edges of a query (training only) are normalised in a softmax of their own, added to the
+        output of the graph's softmax (ours; the paper has one softmax over both). In one softmax they take
+        probability from the predicted and global edges in training and give it back in eval: with a global key
+        (confidence 1) and exploration edges of confidence ~0, a query's global share was ~1/(1 + its random edges)
+        in training and 1 in eval, so the eval outputs were several times the trained ones (IMDB at 2048: train loss
+        0.22, validation loss 1.01). Kept apart, the graph attends identically in training and eval, and every
+        exploration edge still gets the confidence gradient `a_e * <dL/do_i, v_j>` that teaches `I_bar`.
+        """
         B, H, N, _ = q.shape
         lengths = valid.sum(-1)  # (B,)
         edges = self.select_edges(self.predict_indices(cross, lengths), valid)
@@ -349,11 +363,17 @@ class FSATAttention(ZooAttention):
         if output_attentions:
             out, weights = self.edge_reference(q, k, v, edges, conf)
             return AttentionOutput(hidden_states=out, attn_weights=weights, density=density)
+        q_flat, rows = flatten_heads(q), edges.rows
+        explores = self.training and self.num_random > 0
+        if explores:
+            # Exploration edges go to virtual query rows after the real ones: their own softmax per query.
+            rows = torch.where(edges.explore, rows + B * H * N, rows)
+            q_flat = torch.cat([q_flat, q_flat])  # (2*B*H*N, d)
         flat = edge_attention(
-            flatten_heads(q),
+            q_flat,
             flatten_heads(k),
             flatten_heads(v),
-            edges.rows,
+            rows,
             edges.cols,
             edge_weight=conf,
             scale=self.scaling,
@@ -361,6 +381,8 @@ class FSATAttention(ZooAttention):
             training=self.training,
             backend=self.config.attention_backend,
         )
+        if explores:
+            flat = flat[: B * H * N] + flat[B * H * N :]  # graph + exploration, per query
         return AttentionOutput(hidden_states=unflatten_heads(flat, B, H, N), density=density)
 
     def edge_reference(
@@ -369,21 +391,30 @@ class FSATAttention(ZooAttention):
         """Dense masked attention over the same edges (reference path; materialises `(B, H, N, N)`).
 
         A (query, key) pair hit by `c` duplicate edges enters the softmax `c` times, as in the edge kernel: its
-        logit gets `+ log c` and its probability is multiplied by the mean confidence of its edges.
+        logit gets `+ log c` and its probability is multiplied by the mean confidence of its edges. The exploration
+        edges have a softmax of their own (see `sparse_attend`); the returned weights are the sum of both.
         """
-        B, H, N, _ = q.shape
-        pair = edges.rows * N + edges.cols % N  # flat (b, h, i, j)
-        count = q.new_zeros(B * H * N * N, dtype=torch.float32).index_add(0, pair, torch.ones_like(conf))
-        weight_sum = torch.zeros_like(count).index_add(0, pair, conf.float())
-        count, weight_sum = count.view(B, H, N, N), weight_sum.view(B, H, N, N)
-        mask = count > 0
-        scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling + count.clamp(min=1).log()
-        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
-        probs = scores.softmax(dim=-1).masked_fill(~mask, 0.0)
-        weights = (probs * weight_sum / count.clamp(min=1)).to(q.dtype)  # (B, H, N, N)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling  # (B, H, N, N)
+        weights = self._pair_weights(scores, edges, conf, ~edges.explore)
+        if bool(edges.explore.any()):
+            weights = weights + self._pair_weights(scores, edges, conf, edges.explore)
+        weights = weights.to(q.dtype)
         if self.training and self.dropout > 0.0:
             weights = F.dropout(weights, p=self.dropout, training=True)
         return torch.matmul(weights, v), weights
+
+    @staticmethod
+    def _pair_weights(scores: torch.Tensor, edges: FSATEdges, conf: torch.Tensor, use: torch.Tensor) -> torch.Tensor:
+        """Softmax of `scores` `(B, H, N, N)` over the pairs of the edges in `use`, times their mean confidence."""
+        B, H, N, _ = scores.shape
+        pair = (edges.rows * N + edges.cols % N)[use]  # flat (b, h, i, j)
+        count = scores.new_zeros(B * H * N * N).index_add(0, pair, torch.ones_like(pair, dtype=scores.dtype))
+        weight_sum = torch.zeros_like(count).index_add(0, pair, conf[use].float())
+        count, weight_sum = count.view(B, H, N, N), weight_sum.view(B, H, N, N)
+        mask = count > 0
+        masked = (scores + count.clamp(min=1).log()).masked_fill(~mask, torch.finfo(torch.float32).min)
+        probs = masked.softmax(dim=-1).masked_fill(~mask, 0.0)
+        return probs * weight_sum / count.clamp(min=1)
 
     @staticmethod
     def edge_density(edges: FSATEdges, lengths: torch.Tensor, batch: int, num_heads: int, length: int) -> torch.Tensor:

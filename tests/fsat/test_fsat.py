@@ -153,6 +153,34 @@ def test_eval_uses_predicted_edges_only_and_training_adds_random_ones():
     assert int((~edges.predicted).sum()) == B * H * N * 3
 
 
+@pytest.mark.parametrize("num_global", [0, 1])
+def test_exploration_edges_take_no_probability_from_the_graph_inference_keeps(num_global, monkeypatch):
+    # The graph (predicted + global edges) must attend in training as it does in eval: with the exploration edges
+    # weighted 0 the training output is the eval output. In one shared softmax the random edges took probability
+    # from the global key (confidence 1) in training only.
+    module = attention(num_random_indices=3, num_global_tokens=num_global)
+    x, valid = torch.randn(B, N, D), padded_valid()
+    expected = module.eval()(x, valid).hidden_states
+    module.train()
+    explored = module(x, valid).hidden_states
+    assert not torch.allclose(explored, expected, atol=1e-4)  # exploration does reach the output
+    real_confidences = module.confidences
+    monkeypatch.setattr(module, "confidences", lambda edges: real_confidences(edges) * ~edges.explore)
+    torch.testing.assert_close(module(x, valid).hidden_states, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["fast", "reference"])
+def test_training_output_attentions_path_equals_the_edge_kernel_with_exploration(backend):
+    # The dense weights (output_attentions) and the edge kernel split graph and exploration edges the same way.
+    module = attention(num_random_indices=3, num_global_tokens=1, attention_backend=backend).train()
+    x, valid = torch.randn(B, N, D), padded_valid()
+    torch.manual_seed(5)
+    dense = module(x, valid, output_attentions=True).hidden_states
+    torch.manual_seed(5)
+    edges = module(x, valid).hidden_states
+    torch.testing.assert_close(dense, edges, rtol=1e-5, atol=1e-6)
+
+
 def test_predicted_indices_stay_in_range_and_no_edge_touches_padding():
     for scale in ("max_length", "sequence_length"):
         module = attention(index_scale=scale, index_max_length=N).train()
