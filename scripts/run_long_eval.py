@@ -49,10 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra (ablation) row with config overrides, e.g. 'fsat:index_scale=max_length'; repeatable",
     )
     parser.add_argument("--imdb_lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096])
-    parser.add_argument("--imdb_dense_lengths", nargs="+", type=int, default=[512, 2048])
+    parser.add_argument("--imdb_dense_lengths", nargs="*", type=int, default=[512, 2048])
     parser.add_argument("--listops_lengths", nargs="+", type=int, default=[2048])
     parser.add_argument("--text_lengths", nargs="+", type=int, default=[4096])
-    parser.add_argument("--text_dense_lengths", nargs="+", type=int, default=[1024])
+    parser.add_argument("--text_dense_lengths", nargs="*", type=int, default=[1024])
     parser.add_argument("--reviews_file", default=str(DEFAULT_REVIEWS_FILE), help="text<TAB>label TSV with a header")
     parser.add_argument("--validation_size", type=int, default=500)
     parser.add_argument("--steps", type=int, default=Budget.steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -27,6 +28,8 @@ from attnzoo.training.long_eval import (
 )
 from attnzoo.training.long_eval.tasks import CLS_ID, FIRST_SYMBOL_ID, PAD_ID, SEP_ID, TaskData, epoch_stream
 
+# the module (the package exports a function of the same name)
+long_eval_evaluate = importlib.import_module("attnzoo.training.long_eval.evaluate")
 TINY = ModelSize(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
 
 
@@ -160,3 +163,30 @@ def test_evaluation_writes_reports_and_resumes(tmp_path, reviews_file, monkeypat
     assert len(calls) == 2 and again["runs"] == results["runs"]
     with pytest.raises(ValueError, match="another size or budget"):
         run_long_eval(tmp_path, plans, [Row("sparse_transformer")], size=TINY, budget=Budget(steps=3))
+
+
+def test_two_processes_sharing_a_folder_keep_each_others_runs(tmp_path, reviews_file, monkeypatch):
+    budget = Budget(steps=2, batch_size=4, warmup_steps=1, eval_batch_size=8)
+    real_train = long_eval_evaluate.train_and_evaluate
+
+    def train_while_another_process_saves(task, spec, size, budget):
+        # the other process finishes its run while ours trains
+        other = real_train(task, RunSpec("fsat", 256, {}, ""), size, budget)
+        path = tmp_path / "long_eval.json"
+        on_disk = json.loads(path.read_text()) if path.is_file() else {"runs": []}
+        path.write_text(json.dumps({**on_disk, "runs": [*on_disk["runs"], other]}))
+        return real_train(task, spec, size, budget)
+
+    monkeypatch.setattr(long_eval_evaluate, "train_and_evaluate", train_while_another_process_saves)
+    results = run_long_eval(
+        tmp_path,
+        [TaskPlan("text", (256,))],
+        [Row("sparse_transformer")],
+        size=TINY,
+        budget=budget,
+        reviews_file=reviews_file,
+        validation_size=10,
+    )
+    saved = json.loads((tmp_path / "long_eval.json").read_text())
+    assert [(r["label"], r["length"]) for r in saved["runs"]] == [("fsat", 256), ("sparse_transformer", 256)]
+    assert saved["runs"] == results["runs"] and "256" in saved["task_info"]["text"]

@@ -91,6 +91,16 @@ def planned_runs(plans: Sequence[TaskPlan], rows: Sequence[Row]) -> list[tuple[s
     return runs
 
 
+def _merged(on_disk: dict[str, Any], ours: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """`on_disk` with our settings, task descriptions and the new run (replacing an older run of the same key)."""
+    key = (record["task"], record["label"], record["length"])
+    runs = [r for r in on_disk.get("runs", []) if (r["task"], r["label"], r["length"]) != key]
+    task_info = on_disk.get("task_info", {})
+    for task_name, per_length in ours["task_info"].items():
+        task_info.setdefault(task_name, {}).update(per_length)
+    return {**on_disk, "settings": ours["settings"], "task_info": task_info, "runs": [*runs, record]}
+
+
 def run_long_eval(
     output_dir: str | Path,
     plans: Sequence[TaskPlan],
@@ -138,7 +148,8 @@ def run_long_eval(
         results["task_info"].setdefault(task_name, {})[str(spec.length)] = task.info
         logger.info("running %s on %s", spec.key, task_name)
         record = train_and_evaluate(task, spec, size, budget)
-        results["runs"].append(record)
+        # Merge into the file as it is now: another process may share the folder (one per core on a CPU).
+        results = _merged(load_results(path), results, record)
         save_results(path, results)
         write_reports(output_dir, results)
         if on_result is not None:
