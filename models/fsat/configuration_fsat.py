@@ -40,7 +40,8 @@ class FSATConfig(ZooConfig):
             `M`, predicted dominant query positions per key and head (paper ablation: 2, 4, 8).
         num_random_indices (`int`, *optional*, defaults to 4):
             Uniformly drawn query positions per key and head added in training (exploration). Random slot `r` is
-            scored against the prediction of slot `r mod num_dominant_indices`. 0 disables exploration.
+            scored against the prediction of slot `r mod num_dominant_indices`; a query's random edges have a softmax
+            of their own, so that they take no probability from the graph eval keeps. 0 disables exploration.
         confidence_variance (`float`, *optional*):
             `sigma^2` of the Gaussian confidence `rho(i | I_bar, sigma^2)`; defaults to the index scale `L_max` as in
             the paper.
