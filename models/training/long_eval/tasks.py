@@ -120,8 +120,9 @@ def imdb_task(
     tokenizer = train_wordpiece_tokenizer((text for text, _ in train), vocab_size=vocab_size, model_max_length=length)
 
     def ids(rows: list[tuple[str, int]]) -> list[tuple[list[int], int]]:
-        # Without special tokens: `_wrap` adds them and counts what the length cuts off.
-        encoded = tokenizer([text for text, _ in rows], add_special_tokens=False)["input_ids"]
+        # Without special tokens: `_wrap` adds them and counts what the length cuts off (so the tokenizer's warning
+        # about sequences over `model_max_length` says nothing new: verbose=False).
+        encoded = tokenizer([text for text, _ in rows], add_special_tokens=False, verbose=False)["input_ids"]
         return [(row, label) for row, (_, label) in zip(encoded, rows, strict=True)]
 
     train_examples, cut_train = _encode_all(ids(train), length)
