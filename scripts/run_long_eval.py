@@ -9,6 +9,9 @@ finished run. The logic lives in `attnzoo.training.long_eval`.
 Examples:
     # the README table (CPU, one thread per process; hours)
     python scripts/run_long_eval.py --tasks imdb listops text --output_dir scripts/results/long-eval
+    # why a family does (not) learn: what the pooled token sees at initialisation, padding share, gradient norms
+    python scripts/run_long_eval.py --diagnose --tasks imdb --imdb_lengths 2048 \
+        --variant "a2former:num_global_tokens=0,classifier_pooling=cls" --output_dir outputs/long-eval-diagnostics
     # one family against dense on IMDB at 2048, with an ablation row
     python scripts/run_long_eval.py --tasks imdb --families a2former --imdb_lengths 2048 \
         --variant "a2former:num_global_tokens=0" --output_dir outputs/long-eval-a2
@@ -17,8 +20,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -31,7 +36,11 @@ from attnzoo.training.long_eval import (  # noqa: E402
     ModelSize,
     Row,
     TaskPlan,
+    build_task,
+    diagnose,
+    diagnostics_markdown,
     parse_variant,
+    planned_runs,
     run_long_eval,
 )
 
@@ -65,6 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_attention_heads", type=int, default=ModelSize.num_attention_heads)
     parser.add_argument("--intermediate_size", type=int, default=ModelSize.intermediate_size)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="instead of training: measure every row at initialisation on a few validation examples (what the pooled "
+        "token can see, padding share, gradient norms) and write diagnostics.json / diagnostics.md",
+    )
+    parser.add_argument("--diagnose_examples", type=int, default=4)
     return parser.parse_args(argv)
 
 
@@ -89,6 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
     )
 
+    if args.diagnose:
+        write_diagnostics(args, plans, rows, size)
+        return
+
     def show(record: dict) -> None:
         print(
             f"{record['task']:8s} {record['label']:40s} @{record['length']:5d}: "
@@ -107,6 +127,23 @@ def main(argv: list[str] | None = None) -> None:
         validation_size=args.validation_size,
         on_result=show,
     )
+
+
+def write_diagnostics(args: argparse.Namespace, plans: list[TaskPlan], rows: list[Row], size: ModelSize) -> None:
+    """`--diagnose`: every planned row at initialisation, the dense baselines included."""
+    records: list[dict] = []
+    tasks = {}
+    for task_name, spec in planned_runs(plans, rows):
+        key = (task_name, spec.length)
+        if key not in tasks:
+            tasks[key] = build_task(task_name, spec.length, args.reviews_file, args.validation_size)
+        records += diagnose(tasks[key], [spec], size, args.diagnose_examples, args.seed)
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "diagnostics.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    markdown = diagnostics_markdown(records)
+    (output_dir / "diagnostics.md").write_text(markdown, encoding="utf-8")
+    print(markdown)
 
 
 if __name__ == "__main__":

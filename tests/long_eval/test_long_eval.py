@@ -33,17 +33,6 @@ long_eval_evaluate = importlib.import_module("attnzoo.training.long_eval.evaluat
 TINY = ModelSize(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
 
 
-@pytest.fixture(scope="module")
-def reviews_file(tmp_path_factory):
-    """40 shipped reviews (20 per class), a few of them long, in the shipped file's layout."""
-    reviews = read_reviews(DEFAULT_REVIEWS_FILE)
-    rows = [r for r in reviews if r[1] == 1][:20] + [r for r in reviews if r[1] == 0][:20]
-    path = tmp_path_factory.mktemp("imdb") / "reviews.tsv"
-    lines = ["text\tlabel"] + [f"{text.replace(chr(9), ' ')}\t{label}" for text, label in rows]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def test_shipped_reviews_are_read_whole_with_their_quoting():
     reviews = read_reviews(DEFAULT_REVIEWS_FILE)
     assert len(reviews) == 2500

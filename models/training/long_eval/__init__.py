@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..modeling import parse_config_overrides
-from .evaluate import Row, TaskPlan, planned_runs, run_long_eval
+from .diagnostics import diagnose, diagnostics_markdown
+from .evaluate import Row, TaskPlan, build_task, planned_runs, run_long_eval
 from .runner import Budget, ModelSize, RunSpec, collate, evaluate, train_and_evaluate
 from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, read_reviews, split_reviews, text_task
 
@@ -39,7 +40,10 @@ __all__ = [
     "RunSpec",
     "TaskData",
     "TaskPlan",
+    "build_task",
     "collate",
+    "diagnose",
+    "diagnostics_markdown",
     "evaluate",
     "imdb_task",
     "listops_task",

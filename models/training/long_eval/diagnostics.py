@@ -4,13 +4,19 @@
   autograd (the positions whose embedding gradient is non-zero), in eval mode.
 - [`gradient_norms`]: gradient norm of each encoder layer's parameters after one training step's backward.
 - [`padding_attention_share`]: share of attention probability that lands on padded keys (must be 0).
+- [`diagnose`]: all three for freshly initialised classifiers on a few validation examples (`scripts/run_long_eval.py
+  --diagnose`), and [`diagnostics_markdown`] for the table.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from .runner import ModelSize, RunSpec, build_classifier, collate
+from .tasks import TaskData
 
 
 def cls_receptive_field(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[int]:
@@ -83,3 +89,59 @@ def describe(model: torch.nn.Module) -> dict[str, Any]:
         "sampling_backend",
     )
     return {k: getattr(config, k) for k in keys if hasattr(config, k)}
+
+
+def diagnose(
+    task: TaskData, specs: Sequence[RunSpec], size: ModelSize, examples: int = 4, seed: int = 0
+) -> list[dict[str, Any]]:
+    """The measurements of every spec's classifier at initialisation, on the first `examples` validation examples.
+
+    Returns:
+        One JSON-able record per spec: the pooled token's receptive field per example (real positions that reach it
+        after the last layer), the real lengths, the per-layer padding share and the gradient norms of one training
+        step's backward (dropout on), and the config fields that set how far the family reads.
+    """
+    batch = collate(task.validation[:examples])
+    records = []
+    for spec in specs:
+        if spec.length != task.length:
+            raise ValueError(f"The task is encoded at length {task.length}, the spec asks for {spec.length}.")
+        torch.manual_seed(seed)
+        model = build_classifier(task, spec, size)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        reach = cls_receptive_field(model, **inputs)
+        padding = padding_attention_share(model, **inputs)
+        model.train()
+        model(**batch).loss.backward()
+        records.append(
+            {
+                "task": task.name,
+                "label": spec.label,
+                "length": spec.length,
+                "config": describe(model),
+                "real_tokens": batch["attention_mask"].sum(-1).tolist(),
+                "receptive_field": reach,
+                "padding_share": padding,
+                "gradient_norms": gradient_norms(model),
+            }
+        )
+    return records
+
+
+def diagnostics_markdown(records: Sequence[dict]) -> str:
+    """One row per record: how much of each example the first token can see, and where the gradient goes."""
+    lines = [
+        "| task | model | length | pooling | first token reaches (real tokens, mean over examples) | share | "
+        "largest padding share | gradient norm per layer |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        reach, real = sum(r["receptive_field"]), sum(r["real_tokens"])
+        layers = ", ".join(f"{k}: {v:.2g}" for k, v in r["gradient_norms"].items() if k.startswith("layer"))
+        lines.append(
+            f"| {r['task']} | {r['label']} | {r['length']} | {r['config'].get('classifier_pooling', 'cls')} | "
+            f"{reach / len(r['real_tokens']):.0f} of "
+            f"{real / len(r['real_tokens']):.0f} | {reach / max(real, 1):.1%} | {max(r['padding_share']):.1g} | "
+            f"{layers} |"
+        )
+    return "\n".join(lines) + "\n"

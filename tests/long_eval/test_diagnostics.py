@@ -1,0 +1,74 @@
+"""The long-input diagnostics: what the first token can see, padding share, gradient norms, and the report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnzoo.registry import FAMILIES
+from attnzoo.training.long_eval import ModelSize, RunSpec, diagnose, diagnostics_markdown, text_task
+from attnzoo.training.long_eval.diagnostics import cls_receptive_field, gradient_norms, padding_attention_share
+from attnzoo.training.long_eval.runner import build_classifier
+
+TINY = ModelSize(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+LENGTHS = (64, 41)  # a padded batch
+
+
+@pytest.fixture(scope="module")
+def task(reviews_file):
+    return text_task(reviews_file, 64, validation_size=10)
+
+
+def padded_batch(vocab_size: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    input_ids = torch.randint(5, vocab_size, (len(LENGTHS), max(LENGTHS)))
+    attention_mask = (torch.arange(max(LENGTHS))[None] < torch.tensor(LENGTHS)[:, None]).long()
+    return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}
+
+
+def classifier(task, model_type: str, size: ModelSize = TINY, **overrides):
+    torch.manual_seed(0)
+    return build_classifier(task, RunSpec(model_type, 64, overrides), size)
+
+
+def test_first_token_of_one_layer_reaches_exactly_the_keys_it_attends_to(task):
+    # One layer: the FFN and the norms are per position, so the first token's state depends on the keys with
+    # non-zero attention from query 0 (any head) and on itself; autograd must find exactly those.
+    model = classifier(task, "sparse_transformer", num_global_tokens=0, sparse_stride=8).eval()
+    batch = padded_batch(task.vocab_size)
+    attentions = model.base_model(**batch, output_attentions=True).attentions[0]  # (B, H, N, N)
+    expected = (attentions[:, :, 0, :] > 0).any(1)  # (B, N)
+    expected[:, 0] = True
+    reach = cls_receptive_field(model, **batch)
+    assert reach == (expected & batch["attention_mask"].bool()).sum(-1).tolist()
+    assert reach[0] < LENGTHS[0]  # the strided pattern does not reach everything in one layer
+    assert cls_receptive_field(classifier(task, "dense_transformer"), **batch) == list(LENGTHS)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_no_family_puts_attention_on_padding(task, model_type):
+    model = classifier(task, model_type)
+    assert padding_attention_share(model, **padded_batch(task.vocab_size)) == [0.0] * TINY.num_hidden_layers
+
+
+def test_gradient_norms_group_the_parameters_by_layer(task):
+    model = classifier(task, "dense_transformer", size=ModelSize(16, 2, 2, 32)).train()
+    model(**padded_batch(task.vocab_size), labels=torch.tensor([0, 1])).loss.backward()
+    norms = gradient_norms(model)
+    assert set(norms) == {"embeddings", "layer 0", "layer 1", "head"}
+    layer_1 = [p.grad for n, p in model.named_parameters() if ".layers.1." in n]
+    assert norms["layer 1"] == pytest.approx(float(torch.cat([g.flatten() for g in layer_1]).norm()), rel=1e-5)
+
+
+def test_diagnose_reports_every_spec_at_initialisation(task):
+    specs = [RunSpec("a2former", 64), RunSpec("a2former", 64, {"num_global_tokens": 0, "classifier_pooling": "cls"})]
+    records = diagnose(task, specs, TINY, examples=3)
+    assert [r["label"] for r in records] == [s.label for s in specs]
+    # with a global first token the first token reads every real token; without one only its sample points
+    assert records[0]["receptive_field"] == records[0]["real_tokens"]
+    assert all(r < n for r, n in zip(records[1]["receptive_field"], records[1]["real_tokens"], strict=True))
+    assert records[1]["config"]["num_global_tokens"] == 0 and records[0]["config"]["classifier_pooling"] == "mean"
+    markdown = diagnostics_markdown(records)
+    assert markdown.count("\n") == 2 + len(specs) and "| cls |" in markdown
+    with pytest.raises(ValueError, match="encoded at length 64"):
+        diagnose(task, [RunSpec("a2former", 128)], TINY)
