@@ -94,14 +94,16 @@ def describe(model: torch.nn.Module) -> dict[str, Any]:
 def diagnose(
     task: TaskData, specs: Sequence[RunSpec], size: ModelSize, examples: int = 4, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """The measurements of every spec's classifier at initialisation, on the first `examples` validation examples.
+    """The measurements of every spec's classifier at initialisation, on the `examples` longest validation examples
+    (the ones a long-input method is for).
 
     Returns:
         One JSON-able record per spec: the pooled token's receptive field per example (real positions that reach it
         after the last layer), the real lengths, the per-layer padding share and the gradient norms of one training
         step's backward (dropout on), and the config fields that set how far the family reads.
     """
-    batch = collate(task.validation[:examples])
+    longest = sorted(range(len(task.validation)), key=lambda i: (-len(task.validation[i][0]), i))[:examples]
+    batch = collate([task.validation[i] for i in longest])
     records = []
     for spec in specs:
         if spec.length != task.length:
