@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
@@ -124,6 +124,17 @@ class ZooConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
         self.check_zoo_fields()
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
+        """[`~transformers.PreTrainedConfig.from_dict`], keeping checkpoints saved before global tokens existed.
+
+        A saved config (it records `transformers_version`) without `num_global_tokens` comes from attnzoo 0.1, whose
+        models were trained without global tokens; the sparse families' later default of 1 would change them.
+        """
+        if "transformers_version" in config_dict and "num_global_tokens" not in config_dict:
+            config_dict = {**config_dict, "num_global_tokens": 0}
+        return super().from_dict(config_dict, **kwargs)
 
     def validate_zoo_fields(self) -> None:
         """Strict-dataclass validator: re-checked whenever the config is saved."""

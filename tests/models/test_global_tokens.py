@@ -3,8 +3,11 @@ same softmax as each method's own keys, for every sparse family."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from transformers import AutoConfig
 
 from attnzoo.core.global_tokens import add_global_columns, append_global_slots, global_edges
 from attnzoo.kernels import dense_masked_attention
@@ -165,3 +168,21 @@ def test_global_rows_helper_matches_dense_attention():
     torch.testing.assert_close(spliced[0, :, :2], rows[0])
     assert torch.all(spliced[1, :, 0] == 0)  # a padded global position keeps the method's row
     torch.testing.assert_close(spliced[1, :, 1], rows[1, :, 1])
+
+
+@pytest.mark.parametrize("model_type", SPARSE)
+def test_checkpoints_saved_before_global_tokens_load_without_them(model_type, tmp_path):
+    # attnzoo 0.1 saved every config field but had no `num_global_tokens`: its models were trained without them.
+    family = FAMILIES[model_type]
+    family.config_class().save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    assert saved["num_global_tokens"] == 1 and "transformers_version" in saved
+    assert family.config_class.from_pretrained(tmp_path).num_global_tokens == 1
+    del saved["num_global_tokens"]
+    path.write_text(json.dumps(saved))
+    assert family.config_class.from_pretrained(tmp_path).num_global_tokens == 0
+    assert AutoConfig.from_pretrained(tmp_path).num_global_tokens == 0
+    assert family.config_class.from_pretrained(tmp_path, num_global_tokens=2).num_global_tokens == 2
+    # a hand-written dict (no transformers_version) gets the family default
+    assert family.config_class.from_dict({"hidden_size": 64, "num_attention_heads": 4}).num_global_tokens == 1
