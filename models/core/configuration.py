@@ -1,6 +1,7 @@
 """Shared configuration of every attnzoo family: HF field names, seq2seq settings and validation."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: huggingface_hub's @strict checks field types only when the annotations
+# are real types, not strings.
 
 from typing import Any, ClassVar
 

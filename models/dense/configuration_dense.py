@@ -1,6 +1,7 @@
 """Configuration of the dense baseline family."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: huggingface_hub's @strict checks field types only when the annotations
+# are real types, not strings.
 
 from huggingface_hub.dataclasses import strict
 

@@ -1,6 +1,7 @@
 """Configuration of FSAT (Fourier Sparse Attention for Transformer, Zhuang, Zhang and Tu, ACL 2022)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: huggingface_hub's @strict checks field types only when the annotations
+# are real types, not strings.
 
 from huggingface_hub.dataclasses import strict
 from transformers.activations import ACT2FN

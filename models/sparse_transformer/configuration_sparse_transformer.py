@@ -1,6 +1,7 @@
 """Configuration of the Sparse Transformer family (strided and fixed factorised attention, Child et al. 2019)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: huggingface_hub's @strict checks field types only when the annotations
+# are real types, not strings.
 
 from typing import ClassVar
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -324,6 +327,17 @@ def test_bad_configs_raise_value_error_naming_the_field(model_type):
         load_config(family, "tiny", attention_backend="fastest")
     with pytest.raises(ValueError, match="hidden_dropout_prob"):
         load_config(family, "tiny", hidden_dropout_prob=1.5)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_config_fields_are_type_checked(model_type):
+    # @strict checks types only when the annotations are real types (no `from __future__ import annotations` in the
+    # configuration modules): a string "False" for a bool would otherwise be accepted and read as True.
+    family = FAMILIES[model_type]
+    own_bool = next(f.name for f in dataclasses.fields(family.config_class) if f.type is bool)
+    for name, value in (("num_global_tokens", "1"), ("tie_word_embeddings", "False"), (own_bool, "False")):
+        with pytest.raises(StrictDataclassFieldValidationError, match=name):
+            load_config(family, "tiny", **{name: value})
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
