@@ -301,6 +301,8 @@ def test_bad_fsat_fields_raise_value_error_naming_the_field(field, value):
 def test_defaults_follow_the_paper():
     config = FSATConfig()
     assert config.num_dominant_indices == 4 and config.gradient_truncation and config.use_sparse
+    # ours, each with its measurement in the model card: unnormalised confidences and sequence-length scaling
+    assert not config.confidence_normalized and config.index_scale == "sequence_length"
     assert config.intermediate_size == 2 * config.hidden_size
     assert config.fsat_confidence_variance == config.max_position_embeddings == config.fsat_index_length
     for size in ("tiny", "small", "base"):
