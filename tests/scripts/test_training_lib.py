@@ -357,7 +357,10 @@ def test_mlm_masks_do_not_depend_on_batch_composition(tokenizer):
 
 
 def test_mlm_masks_follow_seed_and_epoch_and_spare_special_tokens(tokenizer):
-    features = _features(tokenizer, ["the album was released in the united states of america in the year"] * 8)
+    # Distinct rows: a row's mask is a function of its ids, so identical rows would all repeat one row's ~8 draws
+    # and the 80% [MASK] share below would rest on those alone (it failed with 4 of 8 on transformers 5.17).
+    texts = [f"the album {word} was released in the united states of america in the year" for word in "abcdefgh"]
+    features = _features(tokenizer, texts)
     collator = MLMCollator(tokenizer, mlm_probability=0.5, seed=0)
     first = collator(features)
     assert torch.equal(first["labels"], collator(features)["labels"])
