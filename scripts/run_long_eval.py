@@ -20,10 +20,8 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -36,11 +34,9 @@ from attnzoo.training.long_eval import (  # noqa: E402
     ModelSize,
     Row,
     TaskPlan,
-    build_task,
-    diagnose,
     diagnostics_markdown,
     parse_variant,
-    planned_runs,
+    run_diagnostics,
     run_long_eval,
 )
 
@@ -106,7 +102,17 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     if args.diagnose:
-        write_diagnostics(args, plans, rows, size)
+        records = run_diagnostics(
+            args.output_dir,
+            plans,
+            rows,
+            size=size,
+            reviews_file=args.reviews_file,
+            validation_size=args.validation_size,
+            examples=args.diagnose_examples,
+            seed=args.seed,
+        )
+        print(diagnostics_markdown(records))
         return
 
     def show(record: dict) -> None:
@@ -127,23 +133,6 @@ def main(argv: list[str] | None = None) -> None:
         validation_size=args.validation_size,
         on_result=show,
     )
-
-
-def write_diagnostics(args: argparse.Namespace, plans: list[TaskPlan], rows: list[Row], size: ModelSize) -> None:
-    """`--diagnose`: every planned row at initialisation, the dense baselines included."""
-    records: list[dict] = []
-    tasks = {}
-    for task_name, spec in planned_runs(plans, rows):
-        key = (task_name, spec.length)
-        if key not in tasks:
-            tasks[key] = build_task(task_name, spec.length, args.reviews_file, args.validation_size)
-        records += diagnose(tasks[key], [spec], size, args.diagnose_examples, args.seed)
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "diagnostics.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
-    markdown = diagnostics_markdown(records)
-    (output_dir / "diagnostics.md").write_text(markdown, encoding="utf-8")
-    print(markdown)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from attnzoo.registry import FAMILIES
-from attnzoo.training.long_eval import ModelSize, RunSpec, diagnose, diagnostics_markdown, text_task
+from attnzoo.training.long_eval import (
+    ModelSize,
+    Row,
+    RunSpec,
+    TaskPlan,
+    diagnose,
+    diagnostics_markdown,
+    run_diagnostics,
+    text_task,
+)
 from attnzoo.training.long_eval.diagnostics import cls_receptive_field, gradient_norms, padding_attention_share
 from attnzoo.training.long_eval.runner import build_classifier
 
@@ -72,3 +83,13 @@ def test_diagnose_reports_every_spec_at_initialisation(task):
     assert markdown.count("\n") == 2 + len(specs) and "| cls |" in markdown
     with pytest.raises(ValueError, match="encoded at length 64"):
         diagnose(task, [RunSpec("a2former", 128)], TINY)
+
+
+def test_run_diagnostics_writes_every_planned_run_with_the_dense_baseline(tmp_path, reviews_file):
+    plans = [TaskPlan("text", (64,), dense_lengths=(32,))]
+    records = run_diagnostics(
+        tmp_path, plans, [Row("fsat")], size=TINY, reviews_file=reviews_file, validation_size=10, examples=2
+    )
+    assert [(r["label"], r["length"]) for r in records] == [("fsat", 64), ("dense_transformer", 32)]
+    assert json.loads((tmp_path / "diagnostics.json").read_text()) == records
+    assert (tmp_path / "diagnostics.md").read_text() == diagnostics_markdown(records)

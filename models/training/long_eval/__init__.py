@@ -12,7 +12,7 @@ from typing import Any
 
 from ..modeling import parse_config_overrides
 from .diagnostics import diagnose, diagnostics_markdown
-from .evaluate import Row, TaskPlan, build_task, planned_runs, run_long_eval
+from .evaluate import Row, TaskPlan, planned_runs, planned_tasks, run_diagnostics, run_long_eval
 from .runner import Budget, ModelSize, RunSpec, collate, evaluate, train_and_evaluate
 from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, read_reviews, split_reviews, text_task
 
@@ -40,7 +40,6 @@ __all__ = [
     "RunSpec",
     "TaskData",
     "TaskPlan",
-    "build_task",
     "collate",
     "diagnose",
     "diagnostics_markdown",
@@ -49,6 +48,8 @@ __all__ = [
     "listops_task",
     "parse_variant",
     "planned_runs",
+    "planned_tasks",
+    "run_diagnostics",
     "read_reviews",
     "run_long_eval",
     "split_reviews",

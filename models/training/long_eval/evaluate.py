@@ -7,14 +7,16 @@ same budget and size), so a long CPU evaluation can be interrupted and resumed w
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .diagnostics import diagnose, diagnostics_markdown
 from .report import load_results, save_results, write_reports
 from .runner import Budget, ModelSize, RunSpec, train_and_evaluate
 from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, text_task
@@ -91,6 +93,48 @@ def planned_runs(plans: Sequence[TaskPlan], rows: Sequence[Row]) -> list[tuple[s
     return runs
 
 
+def planned_tasks(
+    plans: Sequence[TaskPlan],
+    rows: Sequence[Row],
+    reviews_file: str | Path | None,
+    validation_size: int,
+    skip: Container[tuple[str, str]] = (),
+) -> Iterator[tuple[TaskData, RunSpec]]:
+    """`(task data, spec)` for every planned run whose `(task, spec.key)` is not in `skip`; each task is encoded once,
+    when a run first needs it."""
+    tasks: dict[tuple[str, int], TaskData] = {}
+    for task_name, spec in planned_runs(plans, rows):
+        if (task_name, spec.key) in skip:
+            continue
+        if (task_name, spec.length) not in tasks:
+            tasks[(task_name, spec.length)] = build_task(task_name, spec.length, reviews_file, validation_size)
+        yield tasks[(task_name, spec.length)], spec
+
+
+def run_diagnostics(
+    output_dir: str | Path,
+    plans: Sequence[TaskPlan],
+    rows: Sequence[Row],
+    *,
+    size: ModelSize | None = None,
+    reviews_file: str | Path | None = None,
+    validation_size: int = 500,
+    examples: int = 4,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """[`diagnose`] every planned run (the dense baselines included) and write `diagnostics.json` and
+    `diagnostics.md` into `output_dir`. Returns the records."""
+    size = size or ModelSize()
+    records: list[dict[str, Any]] = []
+    for task, spec in planned_tasks(plans, rows, reviews_file, validation_size):
+        records += diagnose(task, [spec], size, examples, seed)
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "diagnostics.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    (output_dir / "diagnostics.md").write_text(diagnostics_markdown(records), encoding="utf-8")
+    return records
+
+
 def _merged(on_disk: dict[str, Any], ours: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
     """`on_disk` with our settings, task descriptions and the new run (replacing an older run of the same key)."""
     key = (record["task"], record["label"], record["length"])
@@ -138,15 +182,9 @@ def run_long_eval(
     results["settings"] = {**(previous or {}), **settings}
     results.setdefault("task_info", {})
     done = {(r["task"], f"{r['label']}@{r['length']}") for r in results["runs"]}
-    tasks: dict[tuple[str, int], TaskData] = {}
-    for task_name, spec in planned_runs(plans, rows):
-        if (task_name, spec.key) in done:
-            continue
-        if (task_name, spec.length) not in tasks:
-            tasks[(task_name, spec.length)] = build_task(task_name, spec.length, reviews_file, validation_size)
-        task = tasks[(task_name, spec.length)]
-        results["task_info"].setdefault(task_name, {})[str(spec.length)] = task.info
-        logger.info("running %s on %s", spec.key, task_name)
+    for task, spec in planned_tasks(plans, rows, reviews_file, validation_size, skip=done):
+        results["task_info"].setdefault(task.name, {})[str(spec.length)] = task.info
+        logger.info("running %s on %s", spec.key, task.name)
         record = train_and_evaluate(task, spec, size, budget)
         # Merge into the file as it is now: another process may share the folder (one per core on a CPU).
         results = _merged(load_results(path), results, record)
