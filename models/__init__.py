@@ -22,7 +22,7 @@ from .a2former import (
     A2FormerForSequenceClassification,
     A2FormerModel,
 )
-from .core import ZooConfig
+from .core import SparseZooConfig, ZooConfig
 from .dense import (
     DenseTransformerConfig,
     DenseTransformerForConditionalGeneration,
@@ -89,6 +89,7 @@ __all__ = [
     "SparseTransformerForMaskedLM",
     "SparseTransformerForSequenceClassification",
     "SparseTransformerModel",
+    "SparseZooConfig",
     "ZooConfig",
     "__version__",
     "a2former",

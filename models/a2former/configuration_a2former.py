@@ -5,7 +5,7 @@
 
 from huggingface_hub.dataclasses import strict
 
-from ..core.configuration import ZooConfig
+from ..core.configuration import SparseZooConfig
 
 ATTENTION_WEIGHT_MODES = ("dot_product", "linear")
 OFFSET_BIAS_INITS = ("spread", "zeros")
@@ -13,24 +13,16 @@ POSITION_BOUNDS = ("clamp", "reflect")
 
 
 @strict
-class A2FormerConfig(ZooConfig):
+class A2FormerConfig(SparseZooConfig):
     r"""
     Configuration of A²-Former (Zhang et al., ACL Findings 2023): every query attends to `num_sample_points` keys
     at learned fractional positions `p = i + offset(x_i)`, read by linear interpolation of the projected keys and
     values. The method runs in the encoder's self-attention; the decoder of `A2FormerForConditionalGeneration`
     keeps dense causal self-attention and dense cross-attention (the paper defines neither; a causal A² variant
-    exists as `A2FormerAttention(config, is_causal=True)`). Fields of [`~attnzoo.core.ZooConfig`] are documented
+    exists as `A2FormerAttention(config, is_causal=True)`). Fields of [`~attnzoo.core.SparseZooConfig`] are documented
     there; the method adds:
 
     Args:
-        num_global_tokens (`int`, *optional*, defaults to 1):
-            Global positions (the classification token): they attend to every real token and every token attends
-            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
-            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
-        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
-            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
-            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
-            method parameters (which shape the other rows) would never be trained.
         num_sample_points (`int`, *optional*, defaults to 10):
             Number K of points every query (per head) samples; the paper uses 10 on every task.
         attention_weights (`str`, *optional*, defaults to `"dot_product"`):
@@ -67,8 +59,6 @@ class A2FormerConfig(ZooConfig):
 
     model_type = "a2former"
 
-    num_global_tokens: int = 1
-    classifier_pooling: str = "mean"
     num_sample_points: int = 10
     attention_weights: str = "dot_product"
     offset_bias_init: str = "spread"

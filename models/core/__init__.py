@@ -1,7 +1,7 @@
 """One Transformer for the whole zoo: config base, attention contract, layers, stacks, heads and models."""
 
 from .attention import AttentionOutput, DenseAttention, ZooAttention
-from .configuration import ZooConfig
+from .configuration import SparseZooConfig, ZooConfig
 from .modeling import (
     ZooForConditionalGeneration,
     ZooForMaskedLM,
@@ -16,6 +16,7 @@ __all__ = [
     "AttentionOutput",
     "DenseAttention",
     "ZooAttention",
+    "SparseZooConfig",
     "ZooConfig",
     "ZooForConditionalGeneration",
     "ZooForMaskedLM",

@@ -187,3 +187,25 @@ class ZooConfig(PreTrainedConfig):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+@strict
+class SparseZooConfig(ZooConfig):
+    r"""
+    Base configuration of the five sparse families: [`ZooConfig`] with the defaults that let a sparse encoder read
+    a long input (measured on IMDB at 2,048 tokens; see each card's "Long inputs"). Method configs subclass it and
+    add their own fields; every field of [`ZooConfig`] applies.
+
+    Args:
+        num_global_tokens (`int`, *optional*, defaults to 1):
+            Global positions (the classification token): they attend to every real token and every token attends
+            to them, besides the method's own keys (see [`ZooConfig`]). 0 is the paper's attention alone, with
+            which a first-token classifier cannot read a long input.
+        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
+            Pooling of the classification head (see [`ZooConfig`]). The mean over real tokens reads every row of the
+            last layer; with `"cls"` only the global first row would be read, and the last layer's method
+            parameters (which shape the other rows) would never be trained.
+    """
+
+    num_global_tokens: int = 1
+    classifier_pooling: str = "mean"

@@ -6,14 +6,14 @@
 from huggingface_hub.dataclasses import strict
 from transformers.activations import ACT2FN
 
-from ..core.configuration import ZooConfig
+from ..core.configuration import SparseZooConfig
 
 FEATURE_MAPS = ("mlp", "dsconv")
 INDEX_SCALES = ("max_length", "sequence_length")
 
 
 @strict
-class FSATConfig(ZooConfig):
+class FSATConfig(SparseZooConfig):
     r"""
     Configuration of FSAT. Every encoder self-attention layer maps the hidden states with two learned feature maps,
     pools their pairwise products along antidiagonals with an FFT (the "hidden-state cross" `C`), takes queries from
@@ -23,17 +23,9 @@ class FSATConfig(ZooConfig):
 
     FSAT is encoder-only: it cannot be causal (the pooled cross mixes past and future tokens), so the decoder of
     [`FSATForConditionalGeneration`] uses dense self- and cross-attention. All fields of
-    [`~attnzoo.core.ZooConfig`] apply; FSAT adds the fields below and halves the default FFN width.
+    [`~attnzoo.core.SparseZooConfig`] apply; FSAT adds the fields below and halves the default FFN width.
 
     Args:
-        num_global_tokens (`int`, *optional*, defaults to 1):
-            Global positions (the classification token): they attend to every real token and every token attends
-            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
-            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
-        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
-            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
-            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
-            method parameters (which shape the other rows) would never be trained.
         intermediate_size (`int`, *optional*, defaults to 512):
             FFN width. The paper uses 2x `hidden_size` (instead of 4x) to offset the parameters of the two feature
             maps; the default is 2x the default `hidden_size` of 256.
@@ -88,8 +80,6 @@ class FSATConfig(ZooConfig):
     model_type = "fsat"
 
     intermediate_size: int = 512
-    num_global_tokens: int = 1
-    classifier_pooling: str = "mean"
     num_dominant_indices: int = 4
     num_random_indices: int = 4
     confidence_variance: float | int | None = None

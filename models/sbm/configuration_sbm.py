@@ -7,31 +7,23 @@ from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
 
-from ..core.configuration import ZooConfig
+from ..core.configuration import SparseZooConfig
 
 SAMPLING_BACKENDS = ("bernoulli", "fastrg", "auto")
 STE_VARIANTS = ("official", "paper")
 
 
 @strict
-class SBMConfig(ZooConfig):
+class SBMConfig(SparseZooConfig):
     r"""
     Configuration of SBM-Transformer: every attention head samples its own bipartite graph from a stochastic block
     model whose memberships are predicted from the queries and keys, and attends only over the sampled edges. The
-    fields below come on top of [`~attnzoo.core.ZooConfig`], whose Args list documents the shared fields.
+    fields below come on top of [`~attnzoo.core.SparseZooConfig`], whose Args list documents the shared fields.
 
     SBM attention is used in the encoder, in decoder causal self-attention and in cross-attention (SBM samples
     bipartite graphs natively); `sbm_in_decoder` and `sbm_in_cross_attention` fall back to dense attention per site.
 
     Args:
-        num_global_tokens (`int`, *optional*, defaults to 1):
-            Global positions (the classification token): they attend to every real token and every token attends
-            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
-            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
-        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
-            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
-            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
-            method parameters (which shape the other rows) would never be trained.
         num_clusters (`int`, *optional*, defaults to 128):
             Number of clusters `k` of the block model (cluster embeddings per head of shape `(k, head_dim)`).
         exploration_delta (`float`, *optional*, defaults to 0.01):
@@ -104,8 +96,6 @@ class SBMConfig(ZooConfig):
     model_type = "sbm"
     method_sites: ClassVar[tuple[str, ...]] = ("encoder", "decoder", "cross_attention")
 
-    num_global_tokens: int = 1
-    classifier_pooling: str = "mean"
     num_clusters: int = 128
     exploration_delta: float | int = 0.01
     exploration_at_eval: bool = True

@@ -5,7 +5,7 @@
 
 from huggingface_hub.dataclasses import strict
 
-from ..core.configuration import ZooConfig
+from ..core.configuration import SparseZooConfig
 
 #: Sampling score functions of the paper's Figure 4 (first = the paper's method).
 SAMPLING_FUNCTIONS = ("squared_inverse_log", "inverse_log", "raw", "topk", "random")
@@ -13,7 +13,7 @@ EVAL_SAMPLING_MODES = ("sample", "topk")
 
 
 @strict
-class SmartBirdConfig(ZooConfig):
+class SmartBirdConfig(SparseZooConfig):
     r"""
     Configuration of Smart Bird (Wu et al., "Smart Bird: Learnable Sparse Attention for Efficient and Effective
     Transformer"). A single-head, low-dimensional *sketch* Transformer computes an attention matrix `alpha` per
@@ -23,19 +23,11 @@ class SmartBirdConfig(ZooConfig):
     Where the method runs: encoder self-attention only. The decoder self-attention and the cross-attention of
     [`SmartBirdForConditionalGeneration`] are dense (SDPA), as the paper defines no causal or cross sketch.
 
-    Besides the fields below, every field of [`~attnzoo.core.ZooConfig`] applies. The sketch network's loss is
+    Besides the fields below, every field of [`~attnzoo.core.SparseZooConfig`] applies. The sketch network's loss is
     returned as the model's `aux_loss` (already multiplied by `sketch_loss_weight`); the heads add
     `aux_loss_coef * aux_loss` to the task loss, so the effective weight is `aux_loss_coef * sketch_loss_weight`.
 
     Args:
-        num_global_tokens (`int`, *optional*, defaults to 1):
-            Global positions (the classification token): they attend to every real token and every token attends
-            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
-            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
-        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
-            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
-            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
-            method parameters (which shape the other rows) would never be trained.
         sketch_hidden_size (`int`, *optional*, defaults to 4):
             Width `d` of the single-head sketch Transformer (the paper's choice; 8 was marginally better).
         sketch_num_layers (`int`, *optional*):
@@ -73,8 +65,6 @@ class SmartBirdConfig(ZooConfig):
 
     model_type = "smart_bird"
 
-    num_global_tokens: int = 1
-    classifier_pooling: str = "mean"
     sketch_hidden_size: int = 4
     sketch_num_layers: int | None = None
     sketch_intermediate_size: int = 16

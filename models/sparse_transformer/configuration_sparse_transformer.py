@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
 
-from ..core.configuration import ZooConfig
+from ..core.configuration import SparseZooConfig
 
 SPARSE_PATTERNS = ("strided", "fixed")
 HEAD_ASSIGNMENTS = ("split", "merged", "interleaved")
@@ -24,11 +24,11 @@ LRA_PRESET = {
 
 
 @strict
-class SparseTransformerConfig(ZooConfig):
+class SparseTransformerConfig(SparseZooConfig):
     r"""
     Configuration of the Sparse Transformer family: the zoo's Transformer whose self-attention (encoder and causal
     decoder) only looks at the keys of a fixed factorised pattern with stride `l` (Child et al., 2019). Cross-attention
-    is dense. Inherits every field of [`~attnzoo.core.ZooConfig`].
+    is dense. Inherits every field of [`~attnzoo.core.SparseZooConfig`].
 
     Sub-patterns of query `i` (keys `j`; `l` = `sparse_stride`, `c` = `sparse_summary_size`):
 
@@ -39,14 +39,6 @@ class SparseTransformerConfig(ZooConfig):
     self-attention is always causal; `sparse_causal` only concerns the encoder.
 
     Args:
-        num_global_tokens (`int`, *optional*, defaults to 1):
-            Global positions (the classification token): they attend to every real token and every token attends
-            to them, besides the method's own keys (see [`~attnzoo.ZooConfig`]). 0 is the paper's attention alone,
-            with which a first-token classifier cannot read a long input (see the card's "Long inputs").
-        classifier_pooling (`str`, *optional*, defaults to `"mean"`):
-            Pooling of the classification head (see [`~attnzoo.ZooConfig`]). The mean over real tokens reads every
-            row of the last layer; with `"cls"` only the global first row would be read, and the last layer's
-            method parameters (which shape the other rows) would never be trained.
         sparse_pattern (`str`, *optional*, defaults to `"strided"`):
             `"strided"` or `"fixed"` (see above). The paper prefers `"fixed"` for text; `"strided"` with split heads is
             the encoder baseline of Smart Bird and the cheapest pattern to compute.
@@ -79,8 +71,6 @@ class SparseTransformerConfig(ZooConfig):
     model_type = "sparse_transformer"
     method_sites: ClassVar[tuple[str, ...]] = ("encoder", "decoder")
 
-    num_global_tokens: int = 1
-    classifier_pooling: str = "mean"
     sparse_pattern: str = "strided"
     sparse_stride: int = 64
     sparse_summary_size: int = 8
