@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from transformers import get_linear_schedule_with_warmup
 
 from ...registry import FAMILIES
 from .tasks import PAD_ID, Example, TaskData
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,11 @@ def train_and_evaluate(
         if step % log_every == 0 or step == budget.steps:
             curve.append({"step": step, "loss": sum(window) / len(window)})
             window = []
+            # Runs last minutes to hours on a CPU: the curve so far is the only sign of life until they end.
+            logger.info(
+                "%s on %s: step %d/%d, training loss %.4f, %.0f s",
+                spec.key, task.name, step, budget.steps, curve[-1]["loss"], time.perf_counter() - start,
+            )  # fmt: skip
     train_seconds = time.perf_counter() - start
     metrics = evaluate(model, task.validation, budget.eval_batch_size)
     return {
