@@ -14,6 +14,7 @@ from attnzoo.training.data.listops import (
     evaluate_listops,
     generate_listops,
     sample_listops,
+    shallow_baselines,
 )
 
 ORIGINAL = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "listops" / "nangia2018_first100.tsv"
@@ -87,3 +88,23 @@ def test_bad_settings_are_refused():
         ListOpsSettings(min_length=10, max_length=5)
     with pytest.raises(ValueError, match="branch_probability"):
         ListOpsSettings(branch_probability=1.0)
+
+
+def test_shallow_baselines_fit_on_train_and_score_validation():
+    train = [(["[MAX", "9", "]"], 9), (["[MAX", "1", "9", "]"], 9), (["[MIN", "0", "]"], 0), (["[SM", "4", "]"], 4)]
+    train += [(["[SM", "7", "]"], 7), (["[SM", "7", "0", "]"], 7), (["[MAX", "2", "9", "]"], 9)]
+    validation = [(["[MAX", "9", "]"], 9), (["[MIN", "0", "]"], 0), (["[SM", "7", "]"], 7), (["[MED", "3", "]"], 3)]
+    # Majority label 9 is right once; per operator MAX->9, MIN->0, SM->7, and the unseen MED falls back to 9.
+    assert shallow_baselines(train, validation) == {"majority_class": 0.25, "first_operator": 0.75}
+    with pytest.raises(ValueError, match="at least one"):
+        shallow_baselines([], validation)
+
+
+def test_the_first_operator_alone_scores_near_lra_transformer_level():
+    # Why ListOps results near 36% say little about long-range reading: one token predicts that much.
+    trees = generate_listops(3)
+    train = [next(trees) for _ in range(600)]
+    validation = [next(trees) for _ in range(400)]
+    scores = shallow_baselines(train, validation)
+    assert 0.12 <= scores["majority_class"] <= 0.24
+    assert 0.30 <= scores["first_operator"] <= 0.45

@@ -11,18 +11,20 @@ import csv
 import dataclasses
 import itertools
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...tokenization import SPECIAL_TOKENS, train_wordpiece_tokenizer, tsv_is_csv_quoted
 from ..data.listops import VOCABULARY as LISTOPS_VOCABULARY
-from ..data.listops import ListOpsSettings, generate_listops
+from ..data.listops import ListOpsSettings, generate_listops, shallow_baselines
 
 PAD_ID, CLS_ID, SEP_ID = 0, 2, 3
 FIRST_SYMBOL_ID = len(SPECIAL_TOKENS)
 TASK_NAMES = ("imdb", "text", "listops")
+#: Training trees the ListOps reference predictors (majority class, first operator) are fitted on.
+BASELINE_FIT_EXAMPLES = 2000
 
 Example = tuple[list[int], int]
 
@@ -180,14 +182,18 @@ def listops_task(
     settings = settings or ListOpsSettings()
     symbol = {s: FIRST_SYMBOL_ID + i for i, s in enumerate(LISTOPS_VOCABULARY)}
 
-    def encoded(stream: Iterator[tuple[list[str], int]]) -> Iterator[tuple[Example, bool]]:
+    def encoded(stream: Iterable[tuple[list[str], int]]) -> Iterator[tuple[Example, bool]]:
         for tokens, label in stream:
             ids, truncated = _wrap([symbol[t] for t in tokens], length)
             yield (ids, label), truncated
 
-    validation_pairs = list(itertools.islice(encoded(generate_listops(validation_seed, settings)), validation_size))
+    validation_trees = list(itertools.islice(generate_listops(validation_seed, settings), validation_size))
+    validation_pairs = list(encoded(validation_trees))
     validation = [example for example, _ in validation_pairs]
     cut_validation = sum(truncated for _, truncated in validation_pairs)
+    # What reading (almost) nothing scores, fitted on the default training stream: the bars to read results against.
+    fit_trees = itertools.islice(generate_listops(0, settings), BASELINE_FIT_EXAMPLES)
+    baselines = shallow_baselines(fit_trees, validation_trees)
 
     def train_stream(seed: int) -> Iterator[Example]:
         return (example for example, _ in encoded(generate_listops(seed, settings)))
@@ -204,6 +210,8 @@ def listops_task(
             "validation_examples": len(validation),
             "validation_truncated": cut_validation,
             "validation_seed": validation_seed,
+            "majority_class_accuracy": baselines["majority_class"],
+            "first_operator_accuracy": baselines["first_operator"],
             "generator": dataclasses.asdict(settings),
         },
     )
