@@ -10,6 +10,7 @@ interrupted step resumes where it stopped. Run the steps in this order:
 
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py data      # corpus split, tokenizer, SST-2 / IMDB splits
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py source    # BertForMaskedLM pretrained from scratch
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py source_phase3  # optional: a longer source (see below)
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py convert   # every family at 512 and 2048, MLM at 128
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py continue  # MLM at 2048 tokens, fixed budget
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py sst2      # warm vs scratch
@@ -288,6 +289,39 @@ def step_source() -> dict[str, Any]:
     return {"config": SOURCE_CONFIG, "phase1": phase1, "phase2": phase2, "metrics": metrics, "note": note}
 
 
+#: A third source phase for a redo of the evidence: the source above stopped on the unigram plateau (its learning rate
+#: had decayed to 0 while the loss still fell), so this one keeps 1e-3 after a short warm-up.
+SOURCE_PHASE3 = {"steps": 1200, "batch": 32, "length": 128, "learning_rate": "1e-3", "warmup": "50", "every": "200"}
+STRONGER_SOURCE = WORK / "source_phase3"
+
+
+def step_source_phase3() -> dict[str, Any]:
+    """Continue the source at 128 tokens with a constant learning rate (not used by the steps after it: they read
+    `SOURCE`; point `SOURCE` at `STRONGER_SOURCE` and delete their output folders to redo them from it)."""
+    command = [
+        "scripts/run_mlm.py", "--model_name_or_path", str(SOURCE),
+        "--train_file", str(MLM_TRAIN),
+        "--validation_file", str(MLM_VALID),
+        "--max_seq_length", str(SOURCE_PHASE3["length"]),
+        "--per_device_train_batch_size", str(SOURCE_PHASE3["batch"]),
+        "--max_steps", str(SOURCE_PHASE3["steps"]),
+        "--learning_rate", SOURCE_PHASE3["learning_rate"],
+        "--lr_scheduler_type", "constant_with_warmup",
+        "--warmup_steps", SOURCE_PHASE3["warmup"],
+        "--weight_decay", "0.01",
+        "--logging_steps", "25",
+        "--eval_strategy", "steps",
+        "--eval_steps", SOURCE_PHASE3["every"],
+        "--save_steps", SOURCE_PHASE3["every"],
+        "--output_dir", str(STRONGER_SOURCE),
+        *QUIET,
+    ]  # fmt: skip
+    record = run("source_phase3_128", command, STRONGER_SOURCE)
+    history = json.loads((ROOT / STRONGER_SOURCE / "log_history.json").read_text(encoding="utf-8"))
+    record["eval_loss"] = [[row["step"], row["eval_loss"]] for row in history if "eval_loss" in row]
+    return {"budget": SOURCE_PHASE3, "phase3": record, "metrics": metrics_of(STRONGER_SOURCE)["metrics"]}
+
+
 def step_convert() -> dict[str, Any]:
     results: dict[str, Any] = {"source": {"eval_128": mlm_eval("bert-source", SOURCE, 128, EVAL_BLOCKS_128)}}
     for family in FAMILIES:
@@ -555,6 +589,7 @@ def _plot_curves(cont: dict[str, Any]) -> None:
 STEPS = {
     "data": step_data,
     "source": step_source,
+    "source_phase3": step_source_phase3,
     "convert": step_convert,
     "continue": step_continue,
     "sst2": step_sst2,
