@@ -15,6 +15,11 @@ Examples:
     # one family against dense on IMDB at 2048, with an ablation row
     python scripts/run_long_eval.py --tasks imdb --families a2former --imdb_lengths 2048 \
         --variant "a2former:num_global_tokens=0" --output_dir outputs/long-eval-a2
+    # LRA ListOps at its published budget and size, on a GPU (README "GPU")
+    python scripts/run_long_eval.py --tasks listops --listops_lengths 2000 --device cuda --bf16 \
+        --hidden_size 512 --num_hidden_layers 6 --num_attention_heads 8 --intermediate_size 2048 \
+        --steps 5000 --batch_size 32 --learning_rate 1.58e-3 --warmup_steps 1000 --schedule rsqrt \
+        --weight_decay 0.1 --output_dir outputs/lra-listops
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch  # noqa: E402
 from attnzoo.registry import FAMILIES  # noqa: E402
 from attnzoo.training.long_eval import (  # noqa: E402
     DEFAULT_REVIEWS_FILE,
+    SCHEDULES,
     Budget,
     ModelSize,
     Row,
@@ -64,7 +70,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=Budget.batch_size)
     parser.add_argument("--learning_rate", type=float, default=Budget.learning_rate)
     parser.add_argument("--warmup_steps", type=int, default=Budget.warmup_steps)
+    parser.add_argument("--weight_decay", type=float, default=Budget.weight_decay)
+    parser.add_argument(
+        "--schedule",
+        choices=sorted(SCHEDULES),
+        default=Budget.schedule,
+        help="after the warm-up: linear decay to 0, or LRA's inverse square root",
+    )
     parser.add_argument("--seed", type=int, default=Budget.seed)
+    parser.add_argument("--eval_batch_size", type=int, default=Budget.eval_batch_size)
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (CUDA)")
+    parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'cuda:1' or 'auto' (CUDA when available)")
     parser.add_argument("--hidden_size", type=int, default=ModelSize.hidden_size)
     parser.add_argument("--num_hidden_layers", type=int, default=ModelSize.num_hidden_layers)
     parser.add_argument("--num_attention_heads", type=int, default=ModelSize.num_attention_heads)
@@ -98,7 +114,11 @@ def main(argv: list[str] | None = None) -> None:
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        schedule=args.schedule,
         seed=args.seed,
+        eval_batch_size=args.eval_batch_size,
+        bf16=args.bf16,
     )
 
     if args.diagnose:
@@ -132,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         reviews_file=args.reviews_file,
         validation_size=args.validation_size,
         on_result=show,
+        device=args.device,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 
@@ -10,6 +11,7 @@ import torch
 
 from attnzoo.training.long_eval import (
     DEFAULT_REVIEWS_FILE,
+    SCHEDULES,
     Budget,
     ModelSize,
     Row,
@@ -158,13 +160,13 @@ def test_two_processes_sharing_a_folder_keep_each_others_runs(tmp_path, reviews_
     budget = Budget(steps=2, batch_size=4, warmup_steps=1, eval_batch_size=8)
     real_train = long_eval_evaluate.train_and_evaluate
 
-    def train_while_another_process_saves(task, spec, size, budget):
+    def train_while_another_process_saves(task, spec, size, budget, device):
         # the other process finishes its run while ours trains
         other = real_train(task, RunSpec("fsat", 256, {}, ""), size, budget)
         path = tmp_path / "long_eval.json"
         on_disk = json.loads(path.read_text()) if path.is_file() else {"runs": []}
         path.write_text(json.dumps({**on_disk, "runs": [*on_disk["runs"], other]}))
-        return real_train(task, spec, size, budget)
+        return real_train(task, spec, size, budget, device=device)
 
     monkeypatch.setattr(long_eval_evaluate, "train_and_evaluate", train_while_another_process_saves)
     results = run_long_eval(
@@ -179,3 +181,62 @@ def test_two_processes_sharing_a_folder_keep_each_others_runs(tmp_path, reviews_
     saved = json.loads((tmp_path / "long_eval.json").read_text())
     assert [(r["label"], r["length"]) for r in saved["runs"]] == [("fsat", 256), ("sparse_transformer", 256)]
     assert saved["runs"] == results["runs"] and "256" in saved["task_info"]["text"]
+
+
+def test_schedules_follow_their_formulas():
+    model = torch.nn.Linear(2, 2)
+    peak, warmup = 1e-3, 10
+    for name, expected in {
+        # LRA's rsqrt_decay: peak * sqrt(warmup / step) after the warm-up, so 4x the warm-up halves the rate.
+        "rsqrt": {5: peak / 2, 10: peak, 40: peak / 2, 90: peak / 3},
+        "linear": {5: peak / 2, 10: peak, 55: peak / 2, 100: 0.0},
+    }.items():
+        budget = Budget(steps=100, learning_rate=peak, warmup_steps=warmup, schedule=name)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=peak)
+        schedule = SCHEDULES[name](optimizer, budget)
+        seen = {}
+        for step in range(1, 101):
+            optimizer.step()
+            schedule.step()
+            seen[step] = optimizer.param_groups[0]["lr"]
+        for step, lr in expected.items():
+            assert seen[step] == pytest.approx(lr, abs=1e-12), (name, step)
+    with pytest.raises(ValueError, match="schedule"):
+        Budget(schedule="cosine")
+
+
+def test_bf16_autocast_is_applied_and_close_to_float32():
+    task = listops_task(600, validation_size=4)
+    budget = Budget(steps=2, batch_size=2, warmup_steps=1, eval_batch_size=4)
+    for family in ("dense_transformer", "sparse_transformer"):
+        full = train_and_evaluate(task, RunSpec(family, 600), TINY, budget, device="cpu")
+        half = train_and_evaluate(task, RunSpec(family, 600), TINY, dataclasses.replace(budget, bf16=True))
+        assert half["device"] == full["device"] == "cpu"
+        # bfloat16 matmuls change the numbers (so autocast ran) by far less than the loss itself.
+        assert half["validation_loss"] != full["validation_loss"]
+        assert half["validation_loss"] == pytest.approx(full["validation_loss"], rel=0.02)
+
+
+def test_a_folder_from_before_a_budget_field_existed_still_resumes(tmp_path, reviews_file):
+    budget = Budget(steps=2, batch_size=4, warmup_steps=1, eval_batch_size=8)
+    plans = [TaskPlan("text", (128,))]
+    first = run_long_eval(
+        tmp_path, plans, [Row("dense_transformer")], size=TINY, budget=budget, reviews_file=reviews_file,
+        validation_size=10,
+    )  # fmt: skip
+    saved = json.loads((tmp_path / "long_eval.json").read_text())
+    for field in ("schedule", "bf16"):  # written before these fields existed
+        del saved["settings"]["budget"][field]
+    (tmp_path / "long_eval.json").write_text(json.dumps(saved))
+    calls = []
+    again = run_long_eval(
+        tmp_path, plans, [Row("dense_transformer")], size=TINY, budget=budget, reviews_file=reviews_file,
+        validation_size=10, on_result=calls.append,
+    )  # fmt: skip
+    assert calls == [] and again["runs"] == first["runs"]
+    other = dataclasses.replace(budget, schedule="rsqrt")
+    with pytest.raises(ValueError, match="another size or budget"):
+        run_long_eval(
+            tmp_path, plans, [Row("dense_transformer")], size=TINY, budget=other, reviews_file=reviews_file,
+            validation_size=10,
+        )  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 from ..modeling import parse_config_overrides
 from .diagnostics import diagnose, diagnostics_markdown
 from .evaluate import Row, TaskPlan, planned_runs, planned_tasks, run_diagnostics, run_long_eval
-from .runner import Budget, ModelSize, RunSpec, collate, evaluate, train_and_evaluate
+from .runner import SCHEDULES, Budget, ModelSize, RunSpec, collate, evaluate, resolve_device, train_and_evaluate
 from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, read_reviews, split_reviews, text_task
 
 #: The shipped 2,500 IMDB reviews (a source checkout's fixture; pass another file with `reviews_file`).
@@ -33,6 +33,7 @@ def parse_variant(text: str) -> Row:
 
 __all__ = [
     "DEFAULT_REVIEWS_FILE",
+    "SCHEDULES",
     "TASK_NAMES",
     "Budget",
     "ModelSize",
@@ -51,6 +52,7 @@ __all__ = [
     "planned_tasks",
     "run_diagnostics",
     "read_reviews",
+    "resolve_device",
     "run_long_eval",
     "split_reviews",
     "text_task",

@@ -156,8 +156,11 @@ def run_long_eval(
     validation_size: int = 500,
     settings_note: dict[str, Any] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    device: str | torch.device | None = "cpu",
 ) -> dict[str, Any]:
     """Run (or resume) the evaluation and write `long_eval.json`, `long_eval.md` and `long_eval.png`.
+
+    `device` is where every run trains (`"auto"`: CUDA when available); each run records it.
 
     Returns:
         The results dictionary (`settings`, `task_info`, `runs`).
@@ -177,6 +180,10 @@ def run_long_eval(
         **(settings_note or {}),
     }
     previous = results.get("settings")
+    if previous:
+        # A budget field added later has the default that reproduces the runs made before it existed.
+        defaults = {item.name: item.default for item in dataclasses.fields(Budget)}
+        previous = {**previous, "budget": {**defaults, **previous["budget"]}}
     if previous and (previous["size"], previous["budget"]) != (settings["size"], settings["budget"]):
         raise ValueError(f"{path} holds runs with another size or budget ({previous}); use a new output folder.")
     results["settings"] = {**(previous or {}), **settings}
@@ -185,7 +192,7 @@ def run_long_eval(
     for task, spec in planned_tasks(plans, rows, reviews_file, validation_size, skip=done):
         results["task_info"].setdefault(task.name, {})[str(spec.length)] = task.info
         logger.info("running %s on %s", spec.key, task.name)
-        record = train_and_evaluate(task, spec, size, budget)
+        record = train_and_evaluate(task, spec, size, budget, device=device)
         # Merge into the file as it is now: another process may share the folder (one per core on a CPU).
         results = _merged(load_results(path), results, record)
         save_results(path, results)

@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import get_linear_schedule_with_warmup
+from transformers import get_inverse_sqrt_schedule, get_linear_schedule_with_warmup
 
 from ...registry import FAMILIES
 from .tasks import PAD_ID, Example, TaskData
 
 logger = logging.getLogger(__name__)
+
+#: Learning-rate schedules after the linear warm-up (see [`Budget`]).
+SCHEDULES = {
+    "linear": lambda optimizer, budget: get_linear_schedule_with_warmup(optimizer, budget.warmup_steps, budget.steps),
+    "rsqrt": lambda optimizer, budget: get_inverse_sqrt_schedule(optimizer, budget.warmup_steps),
+}
 
 
 @dataclass(frozen=True)
@@ -36,10 +42,15 @@ class Budget:
 
     Args:
         steps / batch_size: optimizer steps and examples per step.
-        learning_rate / warmup_steps / weight_decay: AdamW with linear warm-up, then linear decay to 0.
+        learning_rate / warmup_steps / weight_decay: AdamW; the learning rate is reached after the linear warm-up.
+        schedule: after the warm-up, `"linear"` decays to 0 at the last step; `"rsqrt"` decays as
+            `sqrt(warmup_steps / step)`, LRA's "constant * linear_warmup * rsqrt_decay" (its base rate 0.05 is a
+            peak of `0.05 / sqrt(warmup_steps)`: 1.58e-3 for ListOps, 5.59e-4 for Text).
         seed: model initialisation and data order (and the ListOps training stream).
         eval_batch_size: validation batch size (does not change the result).
         max_grad_norm: gradient clipping.
+        bf16: run forward passes (training and evaluation) under bfloat16 autocast; parameters, optimizer state and
+            the loss reduction stay float32.
     """
 
     steps: int = 600
@@ -50,6 +61,12 @@ class Budget:
     seed: int = 0
     eval_batch_size: int = 32
     max_grad_norm: float = 1.0
+    schedule: str = "linear"
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"`schedule` must be one of {sorted(SCHEDULES)}, got {self.schedule!r}.")
 
 
 @dataclass(frozen=True)
@@ -82,8 +99,9 @@ class RunSpec:
         return f"{self.label}@{self.length}"
 
 
-def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
-    """Right-pad a batch to its longest example: `input_ids`, `attention_mask` `(B, L)` and `labels` `(B,)`."""
+def collate(examples: list[Example], device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Right-pad a batch to its longest example: `input_ids`, `attention_mask` `(B, L)` and `labels` `(B,)`, on
+    `device`."""
     longest = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), longest), PAD_ID, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), longest), dtype=torch.long)
@@ -91,7 +109,8 @@ def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
     labels = torch.tensor([label for _, label in examples])
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    return {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
 
 
 def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn.Module:
@@ -108,43 +127,82 @@ def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn
     return family.sequence_classification_class(family.config_class(**fields))
 
 
+def _autocast(device: torch.device, bf16: bool) -> torch.autocast:
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, examples: list[Example], batch_size: int) -> dict[str, float]:
-    """Accuracy and mean cross-entropy on `examples` (eval mode; batches in a fixed, length-sorted order)."""
+def evaluate(model: torch.nn.Module, examples: list[Example], batch_size: int, bf16: bool = False) -> dict[str, float]:
+    """Accuracy and mean cross-entropy on `examples` (eval mode, on the model's device; batches in a fixed,
+    length-sorted order)."""
     model.eval()
+    device = next(model.parameters()).device
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
     correct, loss_sum = 0, 0.0
     for start in range(0, len(order), batch_size):
-        batch = collate([examples[i] for i in order[start : start + batch_size]])
+        batch = collate([examples[i] for i in order[start : start + batch_size]], device)
         labels = batch.pop("labels")
-        logits = model(**batch).logits.float()
+        with _autocast(device, bf16):
+            logits = model(**batch).logits.float()
         loss_sum += float(torch.nn.functional.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(-1) == labels).sum())
     return {"accuracy": correct / len(examples), "loss": loss_sum / len(examples)}
 
 
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """`None` / `"auto"`: the first CUDA device when there is one, else the CPU; anything else as given."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def device_name(device: torch.device) -> str:
+    """What a results record says the run ran on (`"cpu"`, `"cuda:0 (NVIDIA H100 80GB HBM3)"`)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train_and_evaluate(
-    task: TaskData, spec: RunSpec, size: ModelSize, budget: Budget, log_every: int = 25
+    task: TaskData,
+    spec: RunSpec,
+    size: ModelSize,
+    budget: Budget,
+    log_every: int = 25,
+    device: str | torch.device | None = "cpu",
 ) -> dict[str, Any]:
     """Train `spec`'s family on `task` for `budget.steps` steps, then evaluate on the task's validation set.
 
+    Args:
+        device: where the model trains (`"auto"`: CUDA when available); the results do not depend on it beyond
+            floating-point order.
+
     Returns:
         A JSON-able record: accuracy, validation loss, the training-loss curve (mean over `log_every` steps), wall
-        time of training, real (non-padding) training tokens per second, and the parameter count.
+        time of training, real (non-padding) training tokens per second, the parameter count and the device.
     """
     if spec.length != task.length:
         raise ValueError(f"The task is encoded at length {task.length}, the run asks for {spec.length}.")
+    device = resolve_device(device)
     torch.manual_seed(budget.seed)
-    model = build_classifier(task, spec, size)
+    model = build_classifier(task, spec, size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=budget.learning_rate, weight_decay=budget.weight_decay)
-    schedule = get_linear_schedule_with_warmup(optimizer, budget.warmup_steps, budget.steps)
+    schedule = SCHEDULES[budget.schedule](optimizer, budget)
     stream = task.train_stream(budget.seed)
     model.train()
+    _synchronize(device)
     curve, window, tokens, start = [], [], 0, time.perf_counter()
     for step in range(1, budget.steps + 1):
-        batch = collate(list(itertools.islice(stream, budget.batch_size)))
+        batch = collate(list(itertools.islice(stream, budget.batch_size)), device)
         tokens += int(batch["attention_mask"].sum())
-        loss = model(**batch).loss
+        with _autocast(device, budget.bf16):
+            loss = model(**batch).loss
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{spec.key} on {task.name}: non-finite training loss at step {step}.")
         loss.backward()
@@ -161,8 +219,9 @@ def train_and_evaluate(
                 "%s on %s: step %d/%d, training loss %.4f, %.0f s",
                 spec.key, task.name, step, budget.steps, curve[-1]["loss"], time.perf_counter() - start,
             )  # fmt: skip
+    _synchronize(device)
     train_seconds = time.perf_counter() - start
-    metrics = evaluate(model, task.validation, budget.eval_batch_size)
+    metrics = evaluate(model, task.validation, budget.eval_batch_size, budget.bf16)
     return {
         "task": task.name,
         "label": spec.label,
@@ -174,5 +233,6 @@ def train_and_evaluate(
         "train_seconds": train_seconds,
         "train_tokens_per_second": tokens / train_seconds if train_seconds > 0 else math.nan,
         "parameters": sum(p.numel() for p in model.parameters()),
+        "device": device_name(device),
         "curve": curve,
     }
