@@ -180,8 +180,8 @@ def train_and_evaluate(
     """Train `spec`'s family on `task` for `budget.steps` steps, then evaluate on the task's validation set.
 
     Args:
-        device: where the model trains (`"auto"`: CUDA when available); the results do not depend on it beyond
-            floating-point order.
+        device: where the model trains (`"auto"`: CUDA when available). Runs on two devices differ by
+            floating-point order and by the devices' random streams (dropout masks, SBM's graph samples).
 
     Returns:
         A JSON-able record: accuracy, validation loss, the training-loss curve (mean over `log_every` steps), wall
