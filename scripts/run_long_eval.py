@@ -33,6 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from attnzoo.registry import FAMILIES  # noqa: E402
+from attnzoo.training.data.listops import ListOpsSettings  # noqa: E402
 from attnzoo.training.long_eval import (  # noqa: E402
     DEFAULT_REVIEWS_FILE,
     SCHEDULES,
@@ -62,6 +63,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--imdb_lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096])
     parser.add_argument("--imdb_dense_lengths", nargs="*", type=int, default=[512, 2048])
     parser.add_argument("--listops_lengths", nargs="+", type=int, default=[2048])
+    parser.add_argument(
+        "--listops_tree_lengths",
+        nargs=2,
+        type=int,
+        metavar=("MIN", "MAX"),
+        default=[ListOpsSettings.min_length, ListOpsSettings.max_length],
+        help="token counts of the generated ListOps trees (LRA: 500 2000); shorter trees make a CPU-sized task",
+    )
     parser.add_argument("--text_lengths", nargs="+", type=int, default=[4096])
     parser.add_argument("--text_dense_lengths", nargs="*", type=int, default=[1024])
     parser.add_argument("--reviews_file", default=str(DEFAULT_REVIEWS_FILE), help="text<TAB>label TSV with a header")
@@ -108,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     plans = [TaskPlan(task, tuple(lengths[task][0]), tuple(lengths[task][1])) for task in args.tasks]
     families = args.families or sorted(FAMILIES)
     rows = [Row(model_type) for model_type in families] + [parse_variant(text) for text in args.variant]
+    listops_settings = ListOpsSettings(
+        min_length=args.listops_tree_lengths[0], max_length=args.listops_tree_lengths[1]
+    )
     size = ModelSize(args.hidden_size, args.num_hidden_layers, args.num_attention_heads, args.intermediate_size)
     budget = Budget(
         steps=args.steps,
@@ -131,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
             validation_size=args.validation_size,
             examples=args.diagnose_examples,
             seed=args.seed,
+            listops_settings=listops_settings,
         )
         print(diagnostics_markdown(records))
         return
@@ -153,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         validation_size=args.validation_size,
         on_result=show,
         device=args.device,
+        listops_settings=listops_settings,
     )
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from attnzoo.training.data.listops import ListOpsSettings
 from attnzoo.training.long_eval import (
     DEFAULT_REVIEWS_FILE,
     SCHEDULES,
@@ -240,3 +241,18 @@ def test_a_folder_from_before_a_budget_field_existed_still_resumes(tmp_path, rev
             tmp_path, plans, [Row("dense_transformer")], size=TINY, budget=other, reviews_file=reviews_file,
             validation_size=10,
         )  # fmt: skip
+
+
+def test_listops_tree_shape_is_a_setting_of_the_folder(tmp_path):
+    short = ListOpsSettings(min_length=20, max_length=60)
+    budget = Budget(steps=2, batch_size=4, warmup_steps=1, eval_batch_size=8)
+    plans = [TaskPlan("listops", (64,))]
+    results = run_long_eval(
+        tmp_path, plans, [Row("dense_transformer")], size=TINY, budget=budget, validation_size=8,
+        listops_settings=short,
+    )  # fmt: skip
+    info = results["task_info"]["listops"]["64"]
+    assert info["generator"]["max_length"] == 60 and info["validation_truncated"] == 0
+    assert 0.0 <= info["first_operator_accuracy"] <= 1.0
+    with pytest.raises(ValueError, match="ListOps runs at length 64"):
+        run_long_eval(tmp_path, plans, [Row("sparse_transformer")], size=TINY, budget=budget, validation_size=8)

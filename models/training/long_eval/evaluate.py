@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..data.listops import ListOpsSettings
 from .diagnostics import diagnose, diagnostics_markdown
 from .report import load_results, save_results, write_reports
 from .runner import Budget, ModelSize, RunSpec, train_and_evaluate
@@ -67,10 +68,17 @@ class TaskPlan:
             raise ValueError(f"Task {self.task!r} has no lengths to run.")
 
 
-def build_task(name: str, length: int, reviews_file: str | Path | None, validation_size: int) -> TaskData:
-    """The task encoded at `length` (IMDB and Text read `reviews_file`)."""
+def build_task(
+    name: str,
+    length: int,
+    reviews_file: str | Path | None,
+    validation_size: int,
+    listops_settings: ListOpsSettings | None = None,
+) -> TaskData:
+    """The task encoded at `length` (IMDB and Text read `reviews_file`; ListOps trees follow `listops_settings`,
+    LRA's by default)."""
     if name == "listops":
-        return listops_task(length, validation_size=validation_size)
+        return listops_task(length, validation_size=validation_size, settings=listops_settings)
     if reviews_file is None:
         raise ValueError(f"Task {name!r} needs `reviews_file` (a text<TAB>label TSV of IMDB reviews).")
     if name == "imdb":
@@ -99,6 +107,7 @@ def planned_tasks(
     reviews_file: str | Path | None,
     validation_size: int,
     skip: Container[tuple[str, str]] = (),
+    listops_settings: ListOpsSettings | None = None,
 ) -> Iterator[tuple[TaskData, RunSpec]]:
     """`(task data, spec)` for every planned run whose `(task, spec.key)` is not in `skip`; each task is encoded once,
     when a run first needs it."""
@@ -107,7 +116,9 @@ def planned_tasks(
         if (task_name, spec.key) in skip:
             continue
         if (task_name, spec.length) not in tasks:
-            tasks[(task_name, spec.length)] = build_task(task_name, spec.length, reviews_file, validation_size)
+            tasks[(task_name, spec.length)] = build_task(
+                task_name, spec.length, reviews_file, validation_size, listops_settings
+            )
         yield tasks[(task_name, spec.length)], spec
 
 
@@ -121,12 +132,13 @@ def run_diagnostics(
     validation_size: int = 500,
     examples: int = 4,
     seed: int = 0,
+    listops_settings: ListOpsSettings | None = None,
 ) -> list[dict[str, Any]]:
     """[`diagnose`] every planned run (the dense baselines included) and write `diagnostics.json` and
     `diagnostics.md` into `output_dir`. Returns the records."""
     size = size or ModelSize()
     records: list[dict[str, Any]] = []
-    for task, spec in planned_tasks(plans, rows, reviews_file, validation_size):
+    for task, spec in planned_tasks(plans, rows, reviews_file, validation_size, listops_settings=listops_settings):
         records += diagnose(task, [spec], size, examples, seed)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -157,16 +169,19 @@ def run_long_eval(
     settings_note: dict[str, Any] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     device: str | torch.device | None = "cpu",
+    listops_settings: ListOpsSettings | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the evaluation and write `long_eval.json`, `long_eval.md` and `long_eval.png`.
 
-    `device` is where every run trains (`"auto"`: CUDA when available); each run records it.
+    `device` is where every run trains (`"auto"`: CUDA when available); each run records it. `listops_settings`
+    shapes the ListOps trees (LRA's by default); a folder holds ListOps runs of one tree shape only.
 
     Returns:
         The results dictionary (`settings`, `task_info`, `runs`).
 
     Raises:
-        ValueError: The results file in `output_dir` was made with a different size or budget (start a new folder).
+        ValueError: The results file in `output_dir` was made with a different size, budget or ListOps tree shape
+            (start a new folder).
     """
     size, budget = size or ModelSize(), budget or Budget()
     output_dir = Path(output_dir)
@@ -187,9 +202,18 @@ def run_long_eval(
     if previous and (previous["size"], previous["budget"]) != (settings["size"], settings["budget"]):
         raise ValueError(f"{path} holds runs with another size or budget ({previous}); use a new output folder.")
     results["settings"] = {**(previous or {}), **settings}
+    generator = dataclasses.asdict(listops_settings or ListOpsSettings())
+    for length, info in results.get("task_info", {}).get("listops", {}).items():
+        if info.get("generator", generator) != generator:
+            raise ValueError(
+                f"{path} holds ListOps runs at length {length} with trees {info['generator']}, not {generator}; "
+                "use a new output folder."
+            )
     results.setdefault("task_info", {})
     done = {(r["task"], f"{r['label']}@{r['length']}") for r in results["runs"]}
-    for task, spec in planned_tasks(plans, rows, reviews_file, validation_size, skip=done):
+    for task, spec in planned_tasks(
+        plans, rows, reviews_file, validation_size, skip=done, listops_settings=listops_settings
+    ):
         results["task_info"].setdefault(task.name, {})[str(spec.length)] = task.info
         logger.info("running %s on %s", spec.key, task.name)
         record = train_and_evaluate(task, spec, size, budget, device=device)
