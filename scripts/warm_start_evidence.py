@@ -254,7 +254,19 @@ def step_data() -> dict[str, Any]:
     return {"corpus": counts, "tokenizer": tokenizer, "sst2": sst2, "imdb": imdb}
 
 
-def _mlm_train(name: str, output: Path, model: list[str], length: int, batch: int, steps: int, lr: str) -> dict:
+def _mlm_train(
+    name: str,
+    output: Path,
+    model: list[str],
+    length: int,
+    batch: int,
+    steps: int,
+    lr: str,
+    warmup: str = "0.06",
+    save_steps: str = "150",
+    extra: tuple[str, ...] = (),
+) -> dict:
+    """One `run_mlm.py` run on the corpus split (`extra`: further flags, e.g. a schedule or periodic evaluation)."""
     command = [
         "scripts/run_mlm.py", *model,
         "--train_file", str(MLM_TRAIN),
@@ -263,10 +275,11 @@ def _mlm_train(name: str, output: Path, model: list[str], length: int, batch: in
         "--per_device_train_batch_size", str(batch),
         "--max_steps", str(steps),
         "--learning_rate", lr,
-        "--warmup_steps", "0.06",
+        "--warmup_steps", warmup,
         "--weight_decay", "0.01",
         "--logging_steps", "25",
-        "--save_steps", "150",
+        "--save_steps", save_steps,
+        *extra,
         "--output_dir", str(output),
         *QUIET,
     ]  # fmt: skip
@@ -298,25 +311,13 @@ STRONGER_SOURCE = WORK / "source_phase3"
 def step_source_phase3() -> dict[str, Any]:
     """Continue the source at 128 tokens with a constant learning rate (not used by the steps after it: they read
     `SOURCE`; point `SOURCE` at `STRONGER_SOURCE` and delete their output folders to redo them from it)."""
-    command = [
-        "scripts/run_mlm.py", "--model_name_or_path", str(SOURCE),
-        "--train_file", str(MLM_TRAIN),
-        "--validation_file", str(MLM_VALID),
-        "--max_seq_length", str(SOURCE_PHASE3["length"]),
-        "--per_device_train_batch_size", str(SOURCE_PHASE3["batch"]),
-        "--max_steps", str(SOURCE_PHASE3["steps"]),
-        "--learning_rate", SOURCE_PHASE3["learning_rate"],
-        "--lr_scheduler_type", "constant_with_warmup",
-        "--warmup_steps", SOURCE_PHASE3["warmup"],
-        "--weight_decay", "0.01",
-        "--logging_steps", "25",
-        "--eval_strategy", "steps",
-        "--eval_steps", SOURCE_PHASE3["every"],
-        "--save_steps", SOURCE_PHASE3["every"],
-        "--output_dir", str(STRONGER_SOURCE),
-        *QUIET,
-    ]  # fmt: skip
-    record = run("source_phase3_128", command, STRONGER_SOURCE)
+    phase = SOURCE_PHASE3
+    schedule = ("--lr_scheduler_type", "constant_with_warmup")
+    schedule += ("--eval_strategy", "steps", "--eval_steps", phase["every"])
+    record = _mlm_train(
+        "source_phase3_128", STRONGER_SOURCE, ["--model_name_or_path", str(SOURCE)], phase["length"], phase["batch"],
+        phase["steps"], phase["learning_rate"], warmup=phase["warmup"], save_steps=phase["every"], extra=schedule,
+    )  # fmt: skip
     history = json.loads((ROOT / STRONGER_SOURCE / "log_history.json").read_text(encoding="utf-8"))
     record["eval_loss"] = [[row["step"], row["eval_loss"]] for row in history if "eval_loss" in row]
     return {"budget": SOURCE_PHASE3, "phase3": record, "metrics": metrics_of(STRONGER_SOURCE)["metrics"]}
