@@ -72,13 +72,14 @@ def test_gradient_norms_group_the_parameters_by_layer(task):
 
 
 def test_diagnose_reports_every_spec_at_initialisation(task):
-    specs = [RunSpec("a2former", 64), RunSpec("a2former", 64, {"num_global_tokens": 0, "classifier_pooling": "cls"})]
+    specs = [RunSpec("a2former", 64), RunSpec("a2former", 64, {"num_global_tokens": 0, "classifier_pooling": "mean"})]
     records = diagnose(task, specs, TINY, examples=3)
     assert [r["label"] for r in records] == [s.label for s in specs]
     # with a global first token the first token reads every real token; without one only its sample points
     assert records[0]["receptive_field"] == records[0]["real_tokens"]
     assert all(r < n for r, n in zip(records[1]["receptive_field"], records[1]["real_tokens"], strict=True))
-    assert records[1]["config"]["num_global_tokens"] == 0 and records[0]["config"]["classifier_pooling"] == "mean"
+    assert records[1]["config"]["num_global_tokens"] == 0 and records[1]["config"]["classifier_pooling"] == "mean"
+    assert records[0]["config"]["classifier_pooling"] == "cls"  # LRA Text's protocol, over the family's mean
     markdown = diagnostics_markdown(records)
     assert markdown.count("\n") == 2 + len(specs) and "| cls |" in markdown
     with pytest.raises(ValueError, match="encoded at length 64"):

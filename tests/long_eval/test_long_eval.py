@@ -29,6 +29,7 @@ from attnzoo.training.long_eval import (
     text_task,
     train_and_evaluate,
 )
+from attnzoo.training.long_eval.runner import build_classifier
 from attnzoo.training.long_eval.tasks import CLS_ID, FIRST_SYMBOL_ID, PAD_ID, SEP_ID, TaskData, epoch_stream
 
 # the module (the package exports a function of the same name)
@@ -256,3 +257,33 @@ def test_listops_tree_shape_is_a_setting_of_the_folder(tmp_path):
     assert 0.0 <= info["first_operator_accuracy"] <= 1.0
     with pytest.raises(ValueError, match="ListOps runs at length 64"):
         run_long_eval(tmp_path, plans, [Row("sparse_transformer")], size=TINY, budget=budget, validation_size=8)
+
+
+def test_lra_tasks_pool_the_first_token_for_every_family_unless_a_row_says_otherwise(tmp_path, reviews_file):
+    short = ListOpsSettings(min_length=20, max_length=60)
+    listops = listops_task(64, validation_size=4, settings=short)
+    imdb = imdb_task(reviews_file, 64, validation_size=10, vocab_size=300)
+    for task in (listops, text_task(reviews_file, 64, validation_size=10)):
+        assert task.model_overrides == {"classifier_pooling": "cls"} == task.info["model_overrides"]
+    assert imdb.model_overrides == {}
+
+    def pooling(task, **overrides):
+        return build_classifier(task, RunSpec("sparse_transformer", 64, overrides), TINY).config.classifier_pooling
+
+    assert pooling(listops) == "cls" and pooling(imdb) == "mean"  # the sparse families' own default is the mean
+    assert pooling(listops, classifier_pooling="mean") == "mean"  # an ablation row overrides the protocol
+
+    budget = Budget(steps=2, batch_size=4, warmup_steps=1, eval_batch_size=8)
+    plans = [TaskPlan("listops", (64,))]
+    run_long_eval(
+        tmp_path, plans, [Row("dense_transformer")], size=TINY, budget=budget, validation_size=8,
+        listops_settings=short,
+    )  # fmt: skip
+    saved = json.loads((tmp_path / "long_eval.json").read_text())
+    del saved["task_info"]["listops"]["64"]["model_overrides"]  # a folder from before the protocol
+    (tmp_path / "long_eval.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="task overrides"):
+        run_long_eval(
+            tmp_path, plans, [Row("sparse_transformer")], size=TINY, budget=budget, validation_size=8,
+            listops_settings=short,
+        )  # fmt: skip

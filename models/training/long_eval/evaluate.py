@@ -180,8 +180,8 @@ def run_long_eval(
         The results dictionary (`settings`, `task_info`, `runs`).
 
     Raises:
-        ValueError: The results file in `output_dir` was made with a different size, budget or ListOps tree shape
-            (start a new folder).
+        ValueError: The results file in `output_dir` was made with a different size, budget, ListOps tree shape or
+            task protocol (`TaskData.model_overrides`; start a new folder).
     """
     size, budget = size or ModelSize(), budget or Budget()
     output_dir = Path(output_dir)
@@ -214,7 +214,15 @@ def run_long_eval(
     for task, spec in planned_tasks(
         plans, rows, reviews_file, validation_size, skip=done, listops_settings=listops_settings
     ):
-        results["task_info"].setdefault(task.name, {})[str(spec.length)] = task.info
+        stored = results["task_info"].setdefault(task.name, {})
+        protocol = stored.get(str(spec.length), task.info).get("model_overrides", {})
+        if protocol != task.model_overrides:
+            # Runs made before a task had a protocol (or under another one) would share labels with these.
+            raise ValueError(
+                f"{path} holds {task.name} runs at length {spec.length} with task overrides {protocol}, not "
+                f"{task.model_overrides}; use a new output folder."
+            )
+        stored[str(spec.length)] = task.info
         logger.info("running %s on %s", spec.key, task.name)
         record = train_and_evaluate(task, spec, size, budget, device=device)
         # Merge into the file as it is now: another process may share the folder (one per core on a CPU).

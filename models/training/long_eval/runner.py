@@ -114,7 +114,8 @@ def collate(examples: list[Example], device: torch.device | str = "cpu") -> dict
 
 
 def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn.Module:
-    """A freshly initialised `<Prefix>ForSequenceClassification` for the task (same size for every family)."""
+    """A freshly initialised `<Prefix>ForSequenceClassification` for the task (same size for every family; the
+    task's protocol overrides, then the row's)."""
     family = FAMILIES[spec.model_type]
     fields = {
         **dataclasses.asdict(size),
@@ -122,6 +123,7 @@ def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn
         "max_position_embeddings": max(spec.length, 512),
         "num_labels": task.num_labels,
         "pad_token_id": PAD_ID,
+        **task.model_overrides,
         **spec.overrides,
     }
     return family.sequence_classification_class(family.config_class(**fields))
