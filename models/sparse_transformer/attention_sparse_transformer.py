@@ -351,6 +351,9 @@ def _overlap_counts(kinds: tuple[str, ...], length: int, spec: PatternSpec) -> T
     return torch.searchsorted(positions, last, right=True) - torch.searchsorted(positions, first)
 
 
+# Under `torch.compile` the count stays a host-side cached lookup: dynamo would otherwise ignore the cache and trace
+# the edge construction and `bincount` into every graph (and warn that it bypasses `lru_cache`).
+@torch.compiler.disable
 @lru_cache(maxsize=64)
 def _pattern_counts(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec) -> tuple[int, ...]:
     """Attended (query, key) pairs of every head at `length` (closed form, `O(N)`)."""
