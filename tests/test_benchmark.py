@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import attnzoo.fsat.attention_fsat as fsat_attention
 from attnzoo.benchmarking import (
     LEVELS,
     MODES,
@@ -22,6 +23,7 @@ from attnzoo.benchmarking import (
     BenchmarkSettings,
     ModelSize,
     benchmark_models,
+    check_equivalence,
     markdown_report,
     summarize,
     timing_sweep,
@@ -203,3 +205,26 @@ def test_benchmark_variant_settings_can_follow_the_length(monkeypatch: pytest.Mo
     assert row.build(TINY, 32).config.num_attention_heads == 1
     assert row.build(TINY, 64).config.num_attention_heads == 2
     assert row.describe()["overrides"] == {"per_length": "one head up to 32 tokens, two beyond"}
+
+
+def test_equivalence_check_is_not_fooled_by_a_moved_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSAT's fast and reference paths agree on the same input, but in a 2-layer model the first layer's round-off
+    moves a few predicted positions of the second one (with a 2-layer check: 1.3x the tolerance at this length,
+    15x at 8192, in a handful of outputs): the check must compare the kernels, not that chaotic dependence, and
+    must still catch a wrong kernel."""
+    (row,) = benchmark_models(["fsat"], [], {}, keep=["fsat"])
+    settings = BenchmarkSettings(lengths=[2048], levels=["model"])
+    assert settings.size.num_hidden_layers == 2
+    result = check_equivalence(row, settings, 2048)
+    assert result["passed"] is True and result["output_error"] < 0.1, result
+
+    # A fast path 10% off is caught (the reference backend goes through the same dispatch: leave it alone).
+    kernel = fsat_attention.edge_attention
+
+    def ten_percent_off(*args, **kwargs):
+        out = kernel(*args, **kwargs)
+        return out if kwargs["backend"] == "reference" else out * 1.1
+
+    monkeypatch.setattr(fsat_attention, "edge_attention", ten_percent_off)
+    wrong = check_equivalence(row, settings, 2048)
+    assert wrong["passed"] is False, wrong

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import torch
@@ -16,12 +17,16 @@ def check_equivalence(row: BenchModel, settings: BenchmarkSettings, length: int)
     """Compare a family's fast path with `attention_backend="reference"` on the same weights (fp32, eval mode).
 
     Eval mode makes sampling methods deterministic; both outputs and every parameter gradient of
-    `mean(last_hidden_state ** 2)` must agree within `atol + rtol * max|reference|`.
+    `mean(last_hidden_state ** 2)` must agree within `atol + rtol * max|reference|`. The models have one encoder
+    layer, so that both paths see the same input: deeper, the first layer's round-off differences can move a
+    data-dependent selection in the next one (FSAT's `floor` of a predicted position flips to the neighbouring query)
+    and change a few outputs by far more than the tolerance without any kernel being wrong (FSAT, width 256, 2
+    layers: 2 of 2048 and 14 of 8192 positions off by up to 0.1; with 1 layer every output agrees to 1e-6).
     """
     atol, rtol = 1e-4, 2e-3
     try:
         torch.manual_seed(settings.seed)
-        fast = row.build(settings.size, length).to(settings.device)
+        fast = row.build(dataclasses.replace(settings.size, num_hidden_layers=1), length).to(settings.device)
         reference_config = copy.deepcopy(fast.config)
         reference_config.attention_backend = "reference"
         reference = type(fast)(reference_config).to(settings.device).eval()
