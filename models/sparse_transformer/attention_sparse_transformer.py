@@ -12,7 +12,9 @@ The compute step never builds an `N x N` mask:
 - merged strided heads need one softmax over a window and a residue class, which no reshape gives: the shared
   edge kernel runs over the cached edge list (CSR torch path on CPU, Triton on CUDA: see `attnzoo.kernels.dispatch`).
 
-With global tokens (`num_global_tokens > 0`) every head takes the edge kernel: the global columns join the softmax.
+Global tokens (`num_global_tokens > 0`): the global keys join every key set of the reshapes (block, class, window,
+summary columns) unless the set already holds them, masked per group so that each key counts once; a causal pattern
+with global columns and the merged strided heads take the edge kernel.
 On CUDA the reshapes run on SDPA's FlashAttention / memory-efficient kernels with dense tiles. FlexAttention's
 `BlockMask` is not used for the merged strided heads: their residue sub-pattern touches every 128 x 128 block, so it
 would skip almost none (`research/performance.md` §1.2); the per-row edge kernel does O(N K) work instead. Neither
@@ -179,6 +181,30 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dr
     )
 
 
+def _global_count(spec: PatternSpec, length: int) -> int:
+    """Global columns the reshaped paths add to every key set (they serve bidirectional patterns only)."""
+    if spec.num_global and spec.causal:
+        raise ValueError("The reshaped Sparse Transformer paths take global columns only without the causal mask.")
+    return min(spec.num_global, length)
+
+
+def _append_global_keys(keys: Tensor, x: Tensor, g: int) -> Tensor:
+    """`keys` `(B, h * G, K, d)` (head-major groups of one head's keys) with the `g` global keys of `x` `(B, h, N, d)`
+    appended to every group: `(B, h * G, K + g, d)`."""
+    if g == 0:
+        return keys
+    batch, heads, _, dim = x.shape
+    groups = keys.shape[1] // heads
+    glob = x[:, :, None, :g].expand(-1, -1, groups, -1, -1).reshape(batch, heads * groups, g, dim)
+    return torch.cat([keys, glob], dim=2)
+
+
+def _per_head(mask: Tensor, heads: int) -> Tensor:
+    """`(B, G, Q, K)` mask shared by the heads -> `(B, heads * G, Q, K)` (head-major, as the key groups)."""
+    batch, groups = mask.shape[:2]
+    return mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch, heads * groups, *mask.shape[2:])
+
+
 def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
     """Strided A1, `|i - j| <= l` (causal: `0 <= i - j <= l`): blocks of `l` queries against their neighbour blocks.
 
@@ -199,13 +225,18 @@ def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
     t = torch.arange(width, device=q.device)[None, :]
     band = (t >= r) & (t <= r + (stride if spec.causal else 2 * stride))  # (l, w): i - j = r - t + l
     mask = band[None, None] & valid_win[:, :, None, :]  # (B, nb, l, w)
-    mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch, heads * blocks, stride, width)
+    g = _global_count(spec, length)
+    if g:
+        # Global key j joins query i's softmax unless the window already holds it (|i - j| <= l).
+        i = torch.arange(padded, device=q.device).reshape(blocks, stride, 1)
+        outside = (i - torch.arange(g, device=q.device)).abs() > stride  # (nb, l, g)
+        mask = torch.cat([mask, outside[None] & valid[:, None, None, :g]], dim=-1)  # (B, nb, l, w + g)
     q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
     out = _sdpa(
         q_blocks,
-        k_win.reshape(batch, heads * blocks, width, dim),
-        v_win.reshape(batch, heads * blocks, width, dim),
-        mask,
+        _append_global_keys(k_win.reshape(batch, heads * blocks, width, dim), k, g),
+        _append_global_keys(v_win.reshape(batch, heads * blocks, width, dim), v, g),
+        _per_head(mask, heads),
         False,
         dropout_p,
         scale,
@@ -228,13 +259,19 @@ def residue_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, s
         return x.reshape(batch, heads * stride, blocks, dim)
 
     mask = None
-    if key_valid is not None or padded != length:
+    g = _global_count(spec, length)
+    if key_valid is not None or padded != length or g:
         valid = _valid_keys(key_valid, batch, length, padded, q.device)
-        valid = valid.reshape(batch, 1, blocks, stride).transpose(2, 3)  # (B, 1, l, nb)
-        mask = valid.expand(-1, heads, -1, -1).reshape(batch, heads * stride, 1, blocks)
+        mask = valid.reshape(batch, blocks, stride).transpose(1, 2)  # (B, l, nb)
+        if g:
+            # Global key j joins class c's softmax unless it belongs to the class (j mod l == c).
+            other = torch.arange(stride, device=q.device)[:, None] != torch.arange(g, device=q.device) % stride
+            mask = torch.cat([mask, other[None] & valid[:, None, :g]], dim=-1)  # (B, l, nb + g)
+        mask = _per_head(mask[:, :, None], heads)  # (B, h * l, 1, nb (+ g))
         if spec.causal:
             mask = mask & torch.ones(blocks, blocks, dtype=torch.bool, device=q.device).tril()
-    out = _sdpa(to_classes(q), to_classes(k), to_classes(v), mask, spec.causal, dropout_p, scale)
+    keys, values = _append_global_keys(to_classes(k), k, g), _append_global_keys(to_classes(v), v, g)
+    out = _sdpa(to_classes(q), keys, values, mask, spec.causal, dropout_p, scale)
     out = out.reshape(batch, heads, stride, blocks, dim).transpose(2, 3)
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 
@@ -250,12 +287,19 @@ def block_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, sca
         return _pad_length(x, padded).reshape(batch, heads * blocks, stride, dim)
 
     mask = None
-    if key_valid is not None or padded != length:
-        valid = _valid_keys(key_valid, batch, length, padded, q.device).reshape(batch, 1, blocks, 1, stride)
-        mask = valid.expand(-1, heads, -1, -1, -1).reshape(batch, heads * blocks, 1, stride)
+    g = _global_count(spec, length)
+    if key_valid is not None or padded != length or g:
+        valid = _valid_keys(key_valid, batch, length, padded, q.device)
+        mask = valid.reshape(batch, blocks, 1, stride)
+        if g:
+            # Global key j joins block b's softmax unless it lies in the block (j // l == b).
+            other = torch.arange(blocks, device=q.device)[:, None] != torch.arange(g, device=q.device) // stride
+            mask = torch.cat([mask, (other[None] & valid[:, None, :g])[:, :, None]], dim=-1)  # (B, nb, 1, l + g)
+        mask = _per_head(mask, heads)
         if spec.causal:
             mask = mask & torch.ones(stride, stride, dtype=torch.bool, device=q.device).tril()
-    out = _sdpa(to_blocks(q), to_blocks(k), to_blocks(v), mask, spec.causal, dropout_p, scale)
+    keys, values = _append_global_keys(to_blocks(k), k, g), _append_global_keys(to_blocks(v), v, g)
+    out = _sdpa(to_blocks(q), keys, values, mask, spec.causal, dropout_p, scale)
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 
 
@@ -263,6 +307,10 @@ def summary_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, s
     """Fixed A2, `j mod l >= l - c`: every query against the `c * N / l` gathered summary keys (one SDPA call)."""
     length = q.shape[2]
     positions = summary_positions(length, spec, q.device)  # (S,)
+    g = _global_count(spec, length)
+    if g:
+        # The same keys for every query: the global columns join the summary columns (each key once).
+        positions = torch.unique(torch.cat([positions, torch.arange(g, device=q.device)]))
     if positions.numel() == 0:
         return torch.zeros_like(q)
     k_sum, v_sum = k.index_select(2, positions), v.index_select(2, positions)  # (B, h, S, d)
@@ -293,23 +341,32 @@ def merged_fixed_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
     def own_keys(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h, nb, m, d)
         return _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).index_select(3, own)
 
-    def block_keys(x: Tensor) -> Tensor:  # (B, h * nb, m + S, d)
-        summary = x.index_select(2, positions)[:, :, None].expand(-1, -1, blocks, -1, -1)
+    # Global columns that are not summary columns are some block's own keys: block b adds those outside it.
+    extra = torch.arange(_global_count(spec, length), device=device)
+    extra = extra[~torch.isin(extra, positions)]  # (E,)
+    shared = torch.cat([positions, extra])  # (S + E,) keys appended to every block
+
+    def block_keys(x: Tensor) -> Tensor:  # (B, h * nb, m + S + E, d)
+        summary = x.index_select(2, shared)[:, :, None].expand(-1, -1, blocks, -1, -1)
         return torch.cat([own_keys(x), summary], dim=3).reshape(batch, heads * blocks, -1, dim)
 
     mask = None
-    if spec.causal or key_valid is not None or padded != length:
+    if spec.causal or key_valid is not None or padded != length or extra.numel():
         valid = _valid_keys(key_valid, batch, length, padded, device)
         own_mask = valid.reshape(batch, blocks, 1, stride).index_select(3, own)  # (B, nb, 1, m)
-        summary_mask = valid.index_select(1, positions)[:, None, None, :]  # (B, 1, 1, S)
+        summary_mask = valid.index_select(1, shared)[:, None, None, :]  # (B, 1, 1, S + E)
         if spec.causal:
             query = torch.arange(padded, device=device).reshape(blocks, stride, 1)  # (nb, l, 1)
             own_mask = own_mask & (own <= offsets[:, None])  # (B, nb, l, m)
             summary_mask = summary_mask & (positions <= query)  # (B, nb, l, S)
+        if extra.numel():
+            outside = torch.arange(blocks, device=device)[:, None] != torch.div(extra, stride, rounding_mode="floor")
+            outside = torch.cat([outside.new_ones(blocks, positions.numel()), outside], dim=-1)  # (nb, S + E)
+            summary_mask = summary_mask & outside[None, :, None, :]  # (B, nb, 1, S + E)
         mask = torch.cat(
             [own_mask.expand(-1, blocks, stride, -1), summary_mask.expand(-1, blocks, stride, -1)], dim=-1
-        )  # (B, nb, l, m + S)
-        mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch, heads * blocks, stride, -1)
+        )  # (B, nb, l, m + S + E)
+        mask = _per_head(mask, heads)
     q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
     out = _sdpa(q_blocks, block_keys(k), block_keys(v), mask, False, dropout_p, scale)
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
@@ -453,7 +510,7 @@ class SparseTransformerAttention(ZooAttention):
         outs = []
         for heads, kinds in self.head_groups():
             qh, kh, vh = q[:, heads], k[:, heads], v[:, heads]
-            if self.spec.num_global or (len(kinds) > 1 and kinds != SUB_PATTERNS["fixed"]):
+            if (self.spec.num_global and self.spec.causal) or (len(kinds) > 1 and kinds != SUB_PATTERNS["fixed"]):
                 # One softmax over the union of the sub-patterns (and the global columns): the edge kernel.
                 outs.append(self._edge_attention(qh, kh, vh, key_valid, dropout_p, kinds))
             elif len(kinds) > 1:

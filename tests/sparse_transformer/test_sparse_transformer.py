@@ -125,7 +125,10 @@ def _run(attention, q, k, v, key_valid, backend):
     ],
 )
 @pytest.mark.parametrize("layer_idx", [0, 1])
-def test_fast_path_equals_reference_forward_and_backward(pattern, assignment, causal, n, layer_idx):
+# Global columns: 3 inside the first block, 10 reaching into the second (stride 8); the reshaped paths append them to
+# every key set that does not hold them already.
+@pytest.mark.parametrize("num_global", [0, 3, 10])
+def test_fast_path_equals_reference_forward_and_backward(pattern, assignment, causal, n, layer_idx, num_global):
     torch.manual_seed(0)
     attention = make_attention(
         layer_idx,
@@ -134,10 +137,12 @@ def test_fast_path_equals_reference_forward_and_backward(pattern, assignment, ca
         sparse_causal=causal,
         sparse_stride=8,
         sparse_summary_size=3,
+        num_global_tokens=num_global,
     )
     q, k, v = (torch.randn(2, 4, n, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     key_valid = torch.ones(2, n, dtype=torch.bool)
     key_valid[1, n - 11 :] = False
+    key_valid[0, 1] = False  # a padded key among the global ones
     grad = torch.randn(2, 4, n, 8, dtype=torch.float64)
     results = []
     for backend in ("fast", "reference"):
