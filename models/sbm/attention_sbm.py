@@ -163,7 +163,9 @@ class SBMAttention(ZooAttention):
         """Exact Bernoulli graph with edge probabilities `min(probs + delta, 1)` on the allowed pairs.
 
         Returns `blocked` `(B, H, n, m)` float (1 where no edge is attended, 0 elsewhere) and, when structural
-        edges (self loops, window) are attended too, the boolean graph of sampled edges (else `None`).
+        edges (self loops, window, global columns) are attended too, the boolean graph of sampled edges (else
+        `None`): `(B, H, n, m)`, or `(B, H, n, g)` when the only structural edges are the `g` global columns (beyond
+        them, sampled = attended).
         """
         _, H, n, m = probs.shape
         # u - δ < p  <=>  u < p + δ: the exploration shift is folded into the uniforms. The comparison runs in place
@@ -184,6 +186,12 @@ class SBMAttention(ZooAttention):
         g = self.global_positions(m)
         if not offsets and not g:
             return blocked, None
+        if not offsets:
+            # Global columns only: what was sampled there fits in `(B, H, n, g)`, so no `n × m` graph is kept.
+            sampled = blocked[..., :g] == 0
+            columns = blocked[..., :g]
+            columns.zero_() if allowed is None else columns.copy_(~allowed[..., :g].expand_as(columns))
+            return blocked, sampled
         sampled = blocked == 0
         struct = torch.zeros(n, m, dtype=torch.bool, device=probs.device)
         if offsets:
@@ -284,7 +292,14 @@ class SBMAttention(ZooAttention):
             with torch.no_grad():
                 blocked, sampled = self.sample_dense(probs.detach(), delta, allowed, offset, sampling)
                 row_counts = m - blocked.sum(-1)  # (B, H, n) attended keys per query
-                sampled_counts = (row_counts if sampled is None else sampled.sum(-1, dtype=torch.float32)).sum(-1)
+                if sampled is None:
+                    sampled_rows = row_counts
+                elif sampled.shape[-1] == m:
+                    sampled_rows = sampled.sum(-1, dtype=torch.float32)
+                else:  # the graph of the global columns only: take their attended, unsampled pairs off
+                    forced = (blocked[..., : sampled.shape[-1]] == 0) & ~sampled
+                    sampled_rows = row_counts - forced.sum(-1, dtype=torch.float32)
+                sampled_counts = sampled_rows.sum(-1)
                 attended = blocked == 0 if output_attentions else None
             logits = (q.detach(), k.detach(), self.scaling) if paper else None
             bias, counts = DenseMaskSTE.apply(probs, blocked, sampled, sampled_counts, float(cfg.ste_clip), logits)

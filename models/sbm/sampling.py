@@ -65,10 +65,13 @@ class DenseMaskSTE(torch.autograd.Function):
 
     Forward: turns `blocked` (float, 1 at pairs that are not attended, 0 elsewhere) in place into the additive
     logit bias (0 on attended pairs, the dtype's minimum elsewhere) and passes the number of sampled edges per
-    `(batch, head)` through. Backward: the gradient reaching a sampled pair (its logit gradient, times its logit for
-    the paper's variant, plus the regulariser's gradient through the counts) is clipped to `[-clip, clip]` and
-    passed to the edge probability; unsampled pairs get zero. These passes over the `(B, H, Nq, Nk)` pairs dominate
-    the dense backend's cost, so each step is an in-place float op or is skipped when it cannot change anything.
+    `(batch, head)` through. `sampled` says which attended pairs were sampled: `None` (all of them), the whole graph
+    `(B, H, Nq, Nk)`, or the graph of the first `c < Nk` key columns `(B, H, Nq, c)` (global columns; beyond them
+    every attended pair was sampled). Backward: the gradient reaching a sampled pair (its logit gradient, times its
+    logit for the paper's variant, plus the regulariser's gradient through the counts) is clipped to `[-clip, clip]`
+    and passed to the edge probability; unsampled pairs get zero. These passes over the `(B, H, Nq, Nk)` pairs
+    dominate the dense backend's cost, so each step is an in-place float op or is skipped when it cannot change
+    anything.
     """
 
     @staticmethod
@@ -88,34 +91,43 @@ class DenseMaskSTE(torch.autograd.Function):
         else:
             bias = blocked.mul_(torch.finfo(blocked.dtype).min)
             ctx.mark_dirty(blocked)
-        # `sampled is None`: the attended pairs are exactly the sampled ones, so the bias is the mask.
-        ctx.save_for_backward(bias if sampled is None else sampled)
-        ctx.clip, ctx.logits, ctx.from_bias = clip, logits, sampled is None
+        ctx.whole_graph = sampled is not None and sampled.shape[-1] == bias.shape[-1]
+        if ctx.whole_graph:
+            ctx.save_for_backward(sampled)
+        else:
+            # The bias is the mask (blocked pairs), plus the few columns' graph where structural pairs were attended.
+            ctx.save_for_backward(bias, *(() if sampled is None else (sampled,)))
+        ctx.clip, ctx.logits = clip, logits
         return bias, counts.clone()
 
     @staticmethod
     def backward(ctx, grad_bias: Tensor | None, grad_counts: Tensor | None):
-        (saved,) = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        owned = True  # whether `grad` is a tensor of ours (in-place edits allowed)
         if grad_bias is None:
-            grad = torch.zeros(saved.shape, dtype=torch.float32, device=saved.device)
+            grad = torch.zeros(saved[0].shape, dtype=torch.float32, device=saved[0].device)
             needs_mask = True
         else:
-            grad = grad_bias
+            grad, owned = grad_bias, False
             if ctx.logits is not None:
                 q, k, scale = ctx.logits
-                grad = grad * (q @ k.transpose(-1, -2) * scale)
+                grad, owned = grad * (q @ k.transpose(-1, -2) * scale), True
             # Blocked pairs have exactly zero weight, hence zero logit gradient: masking is only needed when
             # structural (non-sampled) pairs were attended or the regulariser adds to every pair.
-            needs_mask = not ctx.from_bias
+            needs_mask = ctx.whole_graph
         if grad_counts is not None:
-            grad = grad + grad_counts[..., None, None]
+            grad, owned = grad + grad_counts[..., None, None], True
             needs_mask = True
         low, high = torch.aminmax(grad)
         if float(low) < -ctx.clip or float(high) > ctx.clip:
-            grad = grad.clamp(-ctx.clip, ctx.clip)
+            grad, owned = grad.clamp(-ctx.clip, ctx.clip), True
         if needs_mask:
-            unsampled = saved != 0 if ctx.from_bias else ~saved
-            grad = grad.masked_fill(unsampled, 0.0)
+            unsampled = ~saved[0] if ctx.whole_graph else saved[0] != 0
+            grad, owned = grad.masked_fill(unsampled, 0.0), True
+        if len(saved) == 2:  # the first columns' graph: their attended, unsampled pairs get nothing
+            columns = saved[1]
+            grad = grad if owned else grad.clone()
+            grad[..., : columns.shape[-1]].masked_fill_(~columns, 0.0)
         return grad, None, None, None, None, None
 
 

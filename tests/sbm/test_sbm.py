@@ -225,6 +225,46 @@ def test_all_pairs_ste_gives_every_allowed_pair_its_gate_gradient(variant):
     assert (expected.abs() == 1.0).any(), "the test should exercise the clip"
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"ste_variant": "paper", "sparsity_weight": 0.5}, {"ste_all_pairs": False, "sparsity_weight": 0.5}],
+)
+def test_global_columns_graph_equals_the_whole_graph(overrides, monkeypatch):
+    """With global columns only, the sampler keeps the graph of those columns, `(B, H, n, g)`, instead of the whole
+    `(B, H, n, m)` one: outputs, counts and every gradient must be those of the whole graph."""
+    import attnzoo.sbm.attention_sbm as attention_sbm
+
+    config = make_config(num_global_tokens=3, exploration_delta=0.05, ste_clip=0.05, **overrides)
+    hidden = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(3))
+    key_valid = torch.tensor([[True] * 20, [True] * 15 + [False] * 5])
+    compact = attention_sbm.SBMAttention.sample_dense
+
+    def whole_graph(self, probs, delta, allowed, offset, sampling):
+        blocked, sampled = compact(self, probs, delta, allowed, offset, sampling)
+        whole = blocked == 0  # outside the global columns every attended pair was sampled
+        whole[..., : sampled.shape[-1]] = sampled
+        return blocked, whole
+
+    results = []
+    for sampler in (compact, whole_graph):
+        monkeypatch.setattr(attention_sbm.SBMAttention, "sample_dense", sampler)
+        attn = make_attention(config).train()
+        x = hidden.clone().requires_grad_()
+        torch.manual_seed(11)
+        out = attn(x, key_valid)
+        loss = (out.hidden_states * key_valid[..., None]).pow(2).sum() + out.aux_loss
+        loss.backward()
+        grads = {name: p.grad.clone() for name, p in attn.named_parameters() if p.grad is not None}
+        results.append((out.hidden_states.detach(), out.aux_loss.detach(), x.grad, grads))
+    (h1, a1, x1, g1), (h2, a2, x2, g2) = results
+    torch.testing.assert_close(h1, h2)
+    torch.testing.assert_close(a1, a2)
+    torch.testing.assert_close(x1, x2)
+    assert g1.keys() == g2.keys() and "clusters" in g1
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], msg=name)
+
+
 def test_all_pairs_ste_scores_no_padded_future_or_attended_pair(monkeypatch):
     import attnzoo.sbm.attention_sbm as attention_sbm
 
