@@ -172,19 +172,29 @@ class UnsampledPairsSTE(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor | None, grad_counts: Tensor | None):
         out, q, k, v, bias, unsampled, empty = ctx.saved_tensors
         grad = None
+        # Every step below is one pass over the (B, H, n, m) pairs at most, in place where it can be: this backward
+        # is the all-pairs estimator's whole price.
         if grad_out is not None:
-            scores = (q @ k.transpose(-1, -2)) * ctx.scale  # (B, H, n, m)
+            B, H, n, _ = q.shape
+            m = k.shape[2]
+            scores = torch.matmul(q * ctx.scale, k.transpose(-1, -2))  # (B, H, n, m)
             lse = torch.logsumexp(scores + bias, dim=-1, keepdim=True)  # log Z_i over the attended keys
-            grad = (grad_out @ v.transpose(-1, -2)).sub_((grad_out * out).sum(-1, keepdim=True))  # (B, H, n, m)
-            # e^{s_ij} / Z_i of an unsampled pair can exceed 1; the clip below bounds what reaches p.
-            grad.mul_((scores - lse).clamp_(max=30.0).exp_()).masked_fill_(empty, 0.0)
+            # ∂L/∂o_i · v_j - ∂L/∂o_i · o_i as one batched product; a row without attended keys gets 0 (its
+            # weights below are finite: the clip keeps e^30).
+            go = grad_out.masked_fill(empty, 0.0)
+            rowdot = (go * out).sum(-1, keepdim=True)  # (B, H, n, 1)
+            grad = torch.baddbmm(
+                rowdot.neg().flatten(0, 1), go.flatten(0, 1), v.flatten(0, 1).transpose(-1, -2)
+            ).view(B, H, n, m)
             if ctx.paper:
                 grad.mul_(scores)
+            # e^{s_ij} / Z_i of an unsampled pair can exceed 1; the clip below bounds what reaches p.
+            grad.mul_(scores.sub_(lse).clamp_(max=30.0).exp_())
         if grad_counts is not None:
             reg = grad_counts[..., None, None]
             grad = reg.expand(bias.shape).clone() if grad is None else grad.add_(reg)
         if grad is not None:
-            grad = grad.clamp_(-ctx.clip, ctx.clip).masked_fill_(~unsampled, 0.0)
+            grad = grad.clamp_(-ctx.clip, ctx.clip).mul_(unsampled)
         return grad_out, grad_counts, grad, None, None, None, None, None, None, None, None, None
 
 
