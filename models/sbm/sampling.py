@@ -183,9 +183,9 @@ class UnsampledPairsSTE(torch.autograd.Function):
             # weights below are finite: the clip keeps e^30).
             go = grad_out.masked_fill(empty, 0.0)
             rowdot = (go * out).sum(-1, keepdim=True)  # (B, H, n, 1)
-            grad = torch.baddbmm(
-                rowdot.neg().flatten(0, 1), go.flatten(0, 1), v.flatten(0, 1).transpose(-1, -2)
-            ).view(B, H, n, m)
+            grad = torch.baddbmm(rowdot.neg().flatten(0, 1), go.flatten(0, 1), v.flatten(0, 1).transpose(-1, -2)).view(
+                B, H, n, m
+            )
             if ctx.paper:
                 grad.mul_(scores)
             # e^{s_ij} / Z_i of an unsampled pair can exceed 1; the clip below bounds what reaches p.
