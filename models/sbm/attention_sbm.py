@@ -190,7 +190,10 @@ class SBMAttention(ZooAttention):
             # Global columns only: what was sampled there fits in `(B, H, n, g)`, so no `n × m` graph is kept.
             sampled = blocked[..., :g] == 0
             columns = blocked[..., :g]
-            columns.zero_() if allowed is None else columns.copy_(~allowed[..., :g].expand_as(columns))
+            if allowed is None:
+                columns.zero_()  # attended by every query
+            else:
+                columns.copy_(~allowed[..., :g].expand_as(columns))  # by every query allowed to see them
             return blocked, sampled
         sampled = blocked == 0
         struct = torch.zeros(n, m, dtype=torch.bool, device=probs.device)
