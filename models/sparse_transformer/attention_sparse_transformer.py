@@ -227,9 +227,9 @@ def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
     mask = band[None, None] & valid_win[:, :, None, :]  # (B, nb, l, w)
     g = _global_count(spec, length)
     if g:
-        # Global key j joins query i's softmax unless the window already holds it (|i - j| <= l).
-        i = torch.arange(padded, device=q.device).reshape(blocks, stride, 1)
-        outside = (i - torch.arange(g, device=q.device)).abs() > stride  # (nb, l, g)
+        # Global key j joins query i's softmax unless the window already holds it.
+        queries, keys = torch.arange(padded, device=q.device), torch.arange(g, device=q.device)
+        outside = ~sub_pattern_mask("local", queries, keys, spec).view(blocks, stride, g)  # (nb, l, g)
         mask = torch.cat([mask, outside[None] & valid[:, None, None, :g]], dim=-1)  # (B, nb, l, w + g)
     q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
     out = _sdpa(
@@ -264,8 +264,9 @@ def residue_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, s
         valid = _valid_keys(key_valid, batch, length, padded, q.device)
         mask = valid.reshape(batch, blocks, stride).transpose(1, 2)  # (B, l, nb)
         if g:
-            # Global key j joins class c's softmax unless it belongs to the class (j mod l == c).
-            other = torch.arange(stride, device=q.device)[:, None] != torch.arange(g, device=q.device) % stride
+            # Global key j joins class c's softmax unless it belongs to the class (query c stands for the class).
+            classes, keys = torch.arange(stride, device=q.device), torch.arange(g, device=q.device)
+            other = ~sub_pattern_mask("residue", classes, keys, spec)  # (l, g)
             mask = torch.cat([mask, other[None] & valid[:, None, :g]], dim=-1)  # (B, l, nb + g)
         mask = _per_head(mask[:, :, None], heads)  # (B, h * l, 1, nb (+ g))
         if spec.causal:
@@ -292,8 +293,9 @@ def block_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, sca
         valid = _valid_keys(key_valid, batch, length, padded, q.device)
         mask = valid.reshape(batch, blocks, 1, stride)
         if g:
-            # Global key j joins block b's softmax unless it lies in the block (j // l == b).
-            other = torch.arange(blocks, device=q.device)[:, None] != torch.arange(g, device=q.device) // stride
+            # Global key j joins block b's softmax unless it lies in the block (query b * l stands for the block).
+            starts, keys = torch.arange(0, padded, stride, device=q.device), torch.arange(g, device=q.device)
+            other = ~sub_pattern_mask("block", starts, keys, spec)  # (nb, g)
             mask = torch.cat([mask, (other[None] & valid[:, None, :g])[:, :, None]], dim=-1)  # (B, nb, 1, l + g)
         mask = _per_head(mask, heads)
         if spec.causal:
@@ -360,7 +362,8 @@ def merged_fixed_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
             own_mask = own_mask & (own <= offsets[:, None])  # (B, nb, l, m)
             summary_mask = summary_mask & (positions <= query)  # (B, nb, l, S)
         if extra.numel():
-            outside = torch.arange(blocks, device=device)[:, None] != torch.div(extra, stride, rounding_mode="floor")
+            starts = torch.arange(0, padded, stride, device=device)  # one query per block
+            outside = ~sub_pattern_mask("block", starts, extra, spec)  # (nb, E)
             outside = torch.cat([outside.new_ones(blocks, positions.numel()), outside], dim=-1)  # (nb, S + E)
             summary_mask = summary_mask & outside[None, :, None, :]  # (B, nb, 1, S + E)
         mask = torch.cat(
