@@ -24,6 +24,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from attnzoo.benchmarking import (  # noqa: E402  (environment first)
     DEFAULT_HF_BASELINES,
     HF_BASELINES,
+    MAX_DEFAULT_CHECK_LENGTH,
     BenchmarkSettings,
     ModelSize,
     markdown_report,
@@ -69,7 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip longer lengths of a model once one step exceeds this (0 = never)",
     )
     parser.add_argument("--no-equivalence-check", action="store_true", help="skip the fast-vs-reference check")
-    parser.add_argument("--check-length", type=int, help="length of the equivalence check (default: shortest)")
+    parser.add_argument(
+        "--check-length",
+        type=int,
+        help=f"length of the equivalence check (default: the shortest length, at most {MAX_DEFAULT_CHECK_LENGTH})",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=ModelSize.vocab_size)
     parser.add_argument("--hidden-size", type=int, default=ModelSize.hidden_size)

@@ -17,6 +17,7 @@ import pytest
 import attnzoo.fsat.attention_fsat as fsat_attention
 from attnzoo.benchmarking import (
     LEVELS,
+    MAX_DEFAULT_CHECK_LENGTH,
     MODES,
     REFERENCE_MODEL,
     SCHEMA_VERSION,
@@ -151,6 +152,13 @@ def test_rows_and_errors() -> None:
     assert "no_such_family" in errors
     with pytest.raises(ValueError, match="Unknown level or HF baseline"):
         BenchmarkSettings(hf_baselines=["gpt2"])
+
+
+def test_default_check_length_is_capped() -> None:
+    # The check's reference path is dense: a run of only 32768-token rows once went out of memory in it.
+    assert BenchmarkSettings(lengths=[1024, 512]).default_check_length() == 512
+    assert BenchmarkSettings(lengths=[32768]).default_check_length() == MAX_DEFAULT_CHECK_LENGTH
+    assert BenchmarkSettings(lengths=[32768], check_length=8192).default_check_length() == 8192
 
 
 def test_summarize() -> None:

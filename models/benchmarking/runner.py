@@ -38,7 +38,7 @@ def run_benchmark(settings: BenchmarkSettings, log: Callable[[str], None] = prin
         description = row.describe()
         description["equivalence"] = None
         if row.kind == "family" and settings.check_equivalence:
-            check_length = settings.check_length or min(settings.lengths)
+            check_length = settings.default_check_length()
             description["equivalence"] = check_equivalence(row, settings, check_length)
             log(f"equivalence {row.name}: {description['equivalence']}")
         models.append(description)

@@ -14,6 +14,8 @@ LEVELS = ("model", "layer")
 REFERENCE_MODEL = "dense"
 HF_BASELINES = ("bert-sdpa", "bert-eager", "bigbird", "longformer")
 DEFAULT_HF_BASELINES = ("bert-sdpa", "bigbird", "longformer")
+#: longest default fast-vs-reference check (the check's reference path materialises every `(query, key)` pair)
+MAX_DEFAULT_CHECK_LENGTH = 4096
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,13 @@ class BenchmarkSettings:
     seed: int = 0
     cpu_affinity: list[int] | None = None
     size: ModelSize = field(default_factory=ModelSize)
+
+    def default_check_length(self) -> int:
+        """Length of the fast-vs-reference check: `check_length`, else the shortest benchmarked length capped at
+        `MAX_DEFAULT_CHECK_LENGTH` (the reference path is dense: at 32768 tokens its scores alone are 17 GB)."""
+        if self.check_length is not None:
+            return self.check_length
+        return min(min(self.lengths), MAX_DEFAULT_CHECK_LENGTH)
 
     def __post_init__(self) -> None:
         if isinstance(self.size, dict):
