@@ -1,4 +1,5 @@
-"""Shared attention kernels of the zoo: dense masked attention, edge-list (CSR) attention and gathered attention.
+"""Shared attention kernels of the zoo: dense masked attention, edge-list (CSR) attention, gathered attention and
+gated attention (differentiable in a 0/1 gate on every pair).
 
 Families call the primitives exported here with their `config.attention_backend`; [`attnzoo.kernels.dispatch`]
 picks the reference, torch (CPU / CUDA) or Triton implementation.
@@ -17,6 +18,7 @@ from .dispatch import (
     gathered_attention_reference,
     resolve_backend,
 )
+from .gated import gated_attention, gated_attention_reference
 from .indexing import batch_head_offsets, flatten_heads, unflatten_heads
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "edge_attention",
     "edge_attention_reference",
     "flatten_heads",
+    "gated_attention",
+    "gated_attention_reference",
     "gathered_attention",
     "gathered_attention_reference",
     "resolve_backend",

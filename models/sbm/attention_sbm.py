@@ -16,10 +16,17 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from ..core.attention import AttentionOutput, DenseAttention, ZooAttention
 from ..core.masking import causal_bool_mask
-from ..kernels import dense_attention, dense_masked_attention, edge_attention, flatten_heads, unflatten_heads
+from ..kernels import (
+    dense_attention,
+    dense_masked_attention,
+    edge_attention,
+    flatten_heads,
+    gated_attention,
+    unflatten_heads,
+)
 from ..kernels.csr import row_pointers
 from .configuration_sbm import SBMConfig
-from .sampling import DenseMaskSTE, EdgeSTE, UnsampledPairsSTE, counter_uniform, edge_pattern, fastrg_edges
+from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern, fastrg_edges
 
 _SITES = ("encoder", "decoder", "cross_attention")
 
@@ -291,6 +298,9 @@ class SBMAttention(ZooAttention):
 
         if self.choose_backend(q_memb, k_memb, blocks, delta, pairs, sampling) == "bernoulli":
             allowed = self.allowed_pairs(key_valid, query_valid, n, m, offset, device)
+            # Every allowed pair's straight-through gradient (the default in training) needs the gated attention,
+            # whose gate is differentiable also where it is closed; the sampled pairs' alone, a logit bias.
+            all_pairs = cfg.ste_all_pairs is not False and self.training
             probs = (q_memb @ blocks) @ k_memb.transpose(-1, -2)  # (B, H, n, m)
             with torch.no_grad():
                 blocked, sampled = self.sample_dense(probs.detach(), delta, allowed, offset, sampling)
@@ -303,29 +313,32 @@ class SBMAttention(ZooAttention):
                     forced = (blocked[..., : sampled.shape[-1]] == 0) & ~sampled
                     sampled_rows = row_counts - forced.sum(-1, dtype=torch.float32)
                 sampled_counts = sampled_rows.sum(-1)
-                attended = blocked == 0 if output_attentions else None
+                attended = blocked == 0 if output_attentions and not all_pairs else None
             logits = (q.detach(), k.detach(), self.scaling) if paper else None
-            bias, counts = DenseMaskSTE.apply(probs, blocked, sampled, sampled_counts, float(cfg.ste_clip), logits)
-            if output_attentions:
+            attend, counts = DenseMaskSTE.apply(
+                probs, blocked, sampled, sampled_counts, float(cfg.ste_clip), logits, all_pairs, allowed
+            )
+            if all_pairs:
+                keep = None
+                if dropout_p > 0.0:
+                    keep = torch.empty_like(attend).bernoulli_(1.0 - dropout_p).div_(1.0 - dropout_p)
+                out, weights = gated_attention(
+                    q, k, v, attend, keep=keep, scale=self.scaling, return_weights=output_attentions,
+                    backend=cfg.attention_backend,
+                )  # fmt: skip
+            elif output_attentions:
                 out, weights = dense_masked_attention(
                     q, k, v, attended, dropout_p=dropout_p, scale=self.scaling, training=self.training,
-                    return_weights=True, logit_bias=bias,
+                    return_weights=True, logit_bias=attend,
                 )  # fmt: skip
             else:
                 # The bias is the mask (the dtype's minimum off the graph) and carries the straight-through gradient;
                 # a float bias that requires grad makes SDPA use its math kernel and return that gradient.
                 out = dense_attention(
-                    q, k, v, logit_bias=bias, scale=self.scaling, dropout_p=dropout_p, training=self.training,
+                    q, k, v, logit_bias=attend, scale=self.scaling, dropout_p=dropout_p, training=self.training,
                     backend=cfg.attention_backend,
                 )  # fmt: skip
                 out = out.masked_fill((row_counts == 0)[..., None], 0.0)
-            if cfg.ste_all_pairs is not False and self.training:
-                with torch.no_grad():
-                    unsampled = bias < 0 if allowed is None else (bias < 0) & allowed
-                out, counts = UnsampledPairsSTE.apply(
-                    out, counts, probs, q.detach(), k.detach(), v.detach(), bias.detach(), unsampled,
-                    (row_counts == 0)[..., None], self.scaling, float(cfg.ste_clip), paper,
-                )  # fmt: skip
             attended_counts = row_counts.sum(-1)  # (B, H)
         else:
             generator = None

@@ -61,17 +61,26 @@ def counter_uniform(seed: int, num_heads: int, rows: Tensor, cols: Tensor) -> Te
 
 
 class DenseMaskSTE(torch.autograd.Function):
-    """Straight-through estimator of a dense sampled mask, fused with the attention logit bias it produces.
+    """Straight-through estimator of a dense sampled mask, fused with the attention input it produces.
 
-    Forward: turns `blocked` (float, 1 at pairs that are not attended, 0 elsewhere) in place into the additive
-    logit bias (0 on attended pairs, the dtype's minimum elsewhere) and passes the number of sampled edges per
-    `(batch, head)` through. `sampled` says which attended pairs were sampled: `None` (all of them), the whole graph
-    `(B, H, Nq, Nk)`, or the graph of the first `c < Nk` key columns `(B, H, Nq, c)` (global columns; beyond them
-    every attended pair was sampled). Backward: the gradient reaching a sampled pair (its logit gradient, times its
-    logit for the paper's variant, plus the regulariser's gradient through the counts) is clipped to `[-clip, clip]`
-    and passed to the edge probability; unsampled pairs get zero. These passes over the `(B, H, Nq, Nk)` pairs
-    dominate the dense backend's cost, so each step is an in-place float op or is skipped when it cannot change
-    anything.
+    Forward turns `blocked` (float, 1 at pairs that are not attended, 0 elsewhere) in place into what the attention
+    takes and passes the number of sampled edges per `(batch, head)` through. `sampled` says which attended pairs were
+    sampled: `None` (all of them), the whole graph `(B, H, Nq, Nk)`, or the graph of the first `c < Nk` key columns
+    `(B, H, Nq, c)` (global columns; beyond them every attended pair was sampled).
+
+    - Sampled pairs only (`all_pairs=False`, the published estimator): the output is an additive logit bias (0 on
+      attended pairs, the dtype's minimum elsewhere). The gradient reaching a sampled pair (its logit gradient,
+      times its logit for the paper's variant, plus the regulariser's gradient through the counts) is clipped to
+      `[-clip, clip]` and passed to the edge probability; every other pair gets zero.
+    - Every allowed pair (`all_pairs=True`): the output is the 0/1 gate of [`gated_attention`], whose gradient is
+      `∂L/∂m_ij` also on the pairs that were not sampled (what adding key `j` to row `i` would gain; on a sampled
+      pair it equals the logit gradient). Every pair in `allowed` (`None`: all) gets it, treated as above, except
+      the attended pairs that were not sampled (structural edges: window, global columns). This is the plain
+      straight-through estimator `∂L/∂p := ∂L/∂m`, which the official code's autograd computes for every pair
+      before it keeps the sampled ones.
+
+    These passes over the `(B, H, Nq, Nk)` pairs dominate the dense backend's cost, so each step is an in-place
+    float op or is skipped when it cannot change anything.
     """
 
     @staticmethod
@@ -83,119 +92,65 @@ class DenseMaskSTE(torch.autograd.Function):
         counts: Tensor,
         clip: float,
         logits: tuple[Tensor, Tensor, float] | None,
+        all_pairs: bool = False,
+        allowed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         if blocked._is_view():
             # Autograd cannot mark a view dirty in a Function with two outputs: pay for one new tensor instead.
-            bias = blocked * torch.finfo(blocked.dtype).min  # (B, H, Nq, Nk)
+            blocked = blocked.clone()
         else:
-            bias = blocked.mul_(torch.finfo(blocked.dtype).min)
             ctx.mark_dirty(blocked)
-        ctx.whole_graph = sampled is not None and sampled.shape[-1] == bias.shape[-1]
-        if ctx.whole_graph:
-            ctx.save_for_backward(sampled)
-        else:
-            # The bias is the mask (blocked pairs), plus the few columns' graph where structural pairs were attended.
-            ctx.save_for_backward(bias, *(() if sampled is None else (sampled,)))
-        ctx.clip, ctx.logits = clip, logits
-        return bias, counts.clone()
+        # (B, H, Nq, Nk): the gate (1 on attended pairs) or the logit bias (the dtype's minimum on blocked pairs)
+        attend = blocked.neg_().add_(1.0) if all_pairs else blocked.mul_(torch.finfo(blocked.dtype).min)
+        ctx.whole_graph = sampled is not None and sampled.shape[-1] == attend.shape[-1]
+        ctx.all_pairs, ctx.clip, ctx.logits = all_pairs, clip, logits
+        # What tells attended from blocked pairs (the output itself), except where the whole sampled graph does.
+        ctx.save_for_backward(None if ctx.whole_graph and not all_pairs else attend, sampled, allowed)
+        return attend, counts.clone()
 
     @staticmethod
-    def backward(ctx, grad_bias: Tensor | None, grad_counts: Tensor | None):
-        saved = ctx.saved_tensors
+    def backward(ctx, grad_attend: Tensor | None, grad_counts: Tensor | None):
+        attend, sampled, allowed = ctx.saved_tensors
         owned = True  # whether `grad` is a tensor of ours (in-place edits allowed)
-        if grad_bias is None:
-            grad = torch.zeros(saved[0].shape, dtype=torch.float32, device=saved[0].device)
-            needs_mask = True
+        if grad_attend is None:
+            shape = (attend if attend is not None else sampled).shape
+            grad = torch.zeros(shape, dtype=torch.float32, device=sampled.device if attend is None else attend.device)
         else:
-            grad, owned = grad_bias, False
+            grad, owned = grad_attend, False
             if ctx.logits is not None:
                 q, k, scale = ctx.logits
                 grad, owned = grad * (q @ k.transpose(-1, -2) * scale), True
-            # Blocked pairs have exactly zero weight, hence zero logit gradient: masking is only needed when
-            # structural (non-sampled) pairs were attended or the regulariser adds to every pair.
-            needs_mask = ctx.whole_graph
         if grad_counts is not None:
             grad, owned = grad + grad_counts[..., None, None], True
-            needs_mask = True
         low, high = torch.aminmax(grad)
         if float(low) < -ctx.clip or float(high) > ctx.clip:
             grad, owned = grad.clamp(-ctx.clip, ctx.clip), True
-        if needs_mask:
-            unsampled = ~saved[0] if ctx.whole_graph else saved[0] != 0
-            grad, owned = grad.masked_fill(unsampled, 0.0), True
-        if len(saved) == 2:  # the first columns' graph: their attended, unsampled pairs get nothing
-            columns = saved[1]
-            grad = grad if owned else grad.clone()
-            grad[..., : columns.shape[-1]].masked_fill_(~columns, 0.0)
-        return grad, None, None, None, None, None
 
+        def zero(where: Tensor, columns: int | None = None) -> None:
+            """Zero the gradient where `where` holds (in the first `columns` key columns if given)."""
+            nonlocal grad, owned
+            if not owned:
+                grad, owned = grad.clone(), True
+            (grad if columns is None else grad[..., :columns]).masked_fill_(where, 0.0)
 
-class UnsampledPairsSTE(torch.autograd.Function):
-    """Straight-through gradient of the pairs that were *not* sampled (dense backend, `ste_all_pairs=True`).
-
-    Forward passes the attention output and the per-`(batch, head)` edge counts through unchanged; `empty`
-    `(B, H, n, 1)` marks the rows without an attended key (the forward already counted them). Backward gives
-    every allowed, unsampled pair `(i, j)` the gradient its mask entry would get if the mask gated the softmax
-    weights, `∂L/∂m_ij = (e^{s_ij} / Z_i) (∂L/∂o_i · v_j - ∂L/∂o_i · o_i)` with `Z_i` the softmax normaliser over
-    the attended keys of row `i` (times the logit `s_ij` for the paper's variant), plus the regulariser's gradient
-    through the counts, clipped like the sampled pairs' gradient. On sampled pairs this expression is exactly the
-    gradient [`DenseMaskSTE`] passes on, so together they are the plain straight-through estimator `∂L/∂p := ∂L/∂m`
-    on every pair. (The official code's autograd computes this same `∂L/∂m` for every pair, since it multiplies the
-    softmax weights by the mask and renormalises, and then keeps only the sampled entries, `hardtanh(grad ⊙ M)`.) A row
-    without any attended key has no such derivative (its output jumps from 0 to `v_j`): its pairs get only the
-    regulariser's gradient. Dropout is not redrawn for unsampled pairs (their gate gradient is the one without it).
-    """
-
-    @staticmethod
-    def forward(
-        ctx,
-        out: Tensor,
-        counts: Tensor,
-        probs: Tensor,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        bias: Tensor,
-        unsampled: Tensor,
-        empty: Tensor,
-        scale: float,
-        clip: float,
-        paper: bool,
-    ) -> tuple[Tensor, Tensor]:
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(out, q, k, v, bias, unsampled, empty)
-        ctx.scale, ctx.clip, ctx.paper = scale, clip, paper
-        return out.view_as(out), counts.view_as(counts)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor | None, grad_counts: Tensor | None):
-        out, q, k, v, bias, unsampled, empty = ctx.saved_tensors
-        grad = None
-        # Every step below is one pass over the (B, H, n, m) pairs at most, in place where it can be: this backward
-        # is the all-pairs estimator's whole price.
-        if grad_out is not None:
-            B, H, n, _ = q.shape
-            m = k.shape[2]
-            scores = torch.matmul(q * ctx.scale, k.transpose(-1, -2))  # (B, H, n, m)
-            lse = torch.logsumexp(scores + bias, dim=-1, keepdim=True)  # log Z_i over the attended keys
-            # ∂L/∂o_i · v_j - ∂L/∂o_i · o_i as one batched product; a row without attended keys gets 0 (its
-            # weights below are finite: the clip keeps e^30).
-            go = grad_out.masked_fill(empty, 0.0)
-            rowdot = (go * out).sum(-1, keepdim=True)  # (B, H, n, 1)
-            grad = torch.baddbmm(rowdot.neg().flatten(0, 1), go.flatten(0, 1), v.flatten(0, 1).transpose(-1, -2)).view(
-                B, H, n, m
-            )
-            if ctx.paper:
-                grad.mul_(scores)
-            # e^{s_ij} / Z_i of an unsampled pair can exceed 1; the clip below bounds what reaches p.
-            grad.mul_(scores.sub_(lse).clamp_(max=30.0).exp_())
-        if grad_counts is not None:
-            reg = grad_counts[..., None, None]
-            grad = reg.expand(bias.shape).clone() if grad is None else grad.add_(reg)
-        if grad is not None:
-            grad = grad.clamp_(-ctx.clip, ctx.clip).mul_(unsampled)
-        return grad_out, grad_counts, grad, None, None, None, None, None, None, None, None, None
+        if ctx.all_pairs:
+            if allowed is not None:
+                zero(~allowed)
+            # Attended pairs that were not sampled (structural edges) get nothing.
+            if ctx.whole_graph:
+                zero((attend != 0) & ~sampled)
+            elif sampled is not None:  # the first columns' graph
+                zero((attend[..., : sampled.shape[-1]] != 0) & ~sampled, sampled.shape[-1])
+        elif ctx.whole_graph:
+            zero(~sampled)
+        else:
+            # Blocked pairs have exactly zero weight, hence zero logit gradient, unless something added to every pair.
+            if grad_attend is None or grad_counts is not None:
+                zero(attend != 0)
+            if sampled is not None:  # the first columns' graph: their attended, unsampled pairs get nothing
+                zero(~sampled, sampled.shape[-1])
+        return grad, None, None, None, None, None, None, None
 
 
 class EdgeSTE(torch.autograd.Function):

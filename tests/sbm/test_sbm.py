@@ -13,13 +13,12 @@ import attnzoo.sbm  # noqa: F401  (registers the family)
 import attnzoo.sbm.sampling as sbm_sampling
 from attnzoo.core.attention import DenseAttention
 from attnzoo.core.compat import get_cache
-from attnzoo.kernels import dense_masked_attention, edge_attention
+from attnzoo.kernels import dense_masked_attention, edge_attention, gated_attention
 from attnzoo.sbm import SBMAttention, SBMConfig, SBMForConditionalGeneration, SBMForSequenceClassification
 from attnzoo.sbm.callbacks import SBMDensityCallback
 from attnzoo.sbm.sampling import (
     DenseMaskSTE,
     EdgeSTE,
-    UnsampledPairsSTE,
     counter_uniform,
     fastrg_edges,
     fastrg_multigraph,
@@ -200,13 +199,9 @@ def test_all_pairs_ste_gives_every_allowed_pair_its_gate_gradient(variant):
     sampled[0, 0, 2] = False  # a row without edges
     counts = sampled.sum((-1, -2)).float()
     logits = (q, k, 0.5) if variant == "paper" else None
-    bias, counts = DenseMaskSTE.apply(probs, (~sampled).float(), None, counts, 1.0, logits)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.5)
+    gate, counts = DenseMaskSTE.apply(probs, (~sampled).float(), None, counts, 1.0, logits, True, allowed)
+    out, _ = gated_attention(q, k, v, gate, scale=0.5)
     empty = ~sampled.any(-1, keepdim=True)
-    out = out.masked_fill(empty, 0.0)
-    unsampled = (bias < 0) & allowed
-    paper = variant == "paper"
-    out, counts = UnsampledPairsSTE.apply(out, counts, probs, q, k, v, bias, unsampled, empty, 0.5, 1.0, paper)
     grad_out = torch.randn(1, 2, 6, 4, generator=gen) * 10
     ((out * grad_out).sum() + 0.03 * counts.sum()).backward()
 
@@ -268,23 +263,32 @@ def test_global_columns_graph_equals_the_whole_graph(overrides, monkeypatch):
 def test_all_pairs_ste_scores_no_padded_future_or_attended_pair(monkeypatch):
     import attnzoo.sbm.attention_sbm as attention_sbm
 
-    seen, original = {}, UnsampledPairsSTE.apply
+    seen, original = {}, DenseMaskSTE.apply
 
-    def record(*args):
-        seen["unsampled"], seen["bias"] = args[7], args[6]
-        return original(*args)
+    def record(probs, blocked, sampled, *args):
+        probs.register_hook(lambda grad: seen.setdefault("grad", grad))
+        attend, counts = original(probs, blocked, sampled, *args)
+        seen["sampled"], seen["gate"] = sampled, attend.detach().clone()
+        return attend, counts
 
-    monkeypatch.setattr(attention_sbm.UnsampledPairsSTE, "apply", record)
+    monkeypatch.setattr(attention_sbm.DenseMaskSTE, "apply", record)
     config = make_config(ste_all_pairs=True, local_window=2)
     attn = make_attention(config, is_causal=True).train()
     key_valid = torch.tensor([[True] * 10, [True] * 7 + [False] * 3])
     out = attn(torch.randn(2, 10, 32), key_valid)
-    out.hidden_states.sum().backward()
-    unsampled = seen["unsampled"]
-    assert not unsampled[1, :, :, 7:].any() and not unsampled[1, :, 7:].any()
-    assert not unsampled.triu(1).any()
-    assert not (unsampled & (seen["bias"] == 0)).any()
-    assert unsampled.any()
+    (out.hidden_states * torch.randn(2, 10, 32)).sum().backward()
+    grad, gate, sampled = seen["grad"], seen["gate"], seen["sampled"]
+    assert sampled.shape == grad.shape, "the window makes the sampler keep the whole graph"
+    assert not grad[1, :, :, 7:].any() and not grad[1, :, 7:].any(), "padded keys and queries"
+    assert not grad.triu(1).any(), "the future"
+    assert not grad[(gate == 1) & ~sampled].any(), "attended structural pairs that were not sampled"
+    unsampled = (
+        (gate == 0)
+        & torch.ones(10, 10, dtype=torch.bool).tril()
+        & (key_valid[:, None, None] & key_valid[:, None, :, None])
+    )
+    assert grad[unsampled].abs().sum() > 0, "allowed pairs that were not sampled get their gate gradient"
+    assert grad[sampled].abs().sum() > 0
     assert attn.clusters.grad.abs().sum() > 0
 
 

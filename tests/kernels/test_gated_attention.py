@@ -1,0 +1,84 @@
+"""Gated attention (`attnzoo.kernels.gated`): the fused function against its plain autograd reference, forward and
+backward, and the gate gradient against its definition and against the masked softmax's logit gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnzoo.kernels import dense_masked_attention, gated_attention, gated_attention_reference
+
+
+def _case(seed: int = 0, dropout: bool = False, dtype=torch.float64, B=2, H=3, n=7, m=9, d=5):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, length, d, generator=g, dtype=dtype) for length in (n, m, m))
+    gate = (torch.rand(B, H, n, m, generator=g) < 0.4).to(dtype)
+    gate[0, 1, 3] = 0.0  # a row without an open pair
+    gate[1, 0, 2] = 1.0  # a row with every pair open
+    keep = None
+    if dropout:
+        keep = (torch.rand(B, H, n, m, generator=g) < 0.8).to(dtype) / 0.8
+    grad_out = torch.randn(B, H, n, d, generator=g, dtype=dtype)
+    return q, k, v, gate, keep, grad_out
+
+
+def _run(fn, q, k, v, gate, keep, grad_out, scale, **kwargs):
+    inputs = [t.clone().requires_grad_() for t in (q, k, v, gate)]
+    out, weights = fn(*inputs, keep=keep, scale=scale, **kwargs)
+    out.backward(grad_out)
+    return out.detach(), weights, [t.grad for t in inputs]
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+@pytest.mark.parametrize("scale", [0.4, 3.0])  # 3.0: logits tens apart, closed pairs far above the open maximum
+def test_fused_equals_reference_forward_and_backward(dropout, scale):
+    case = _case(dropout=dropout)
+    out, weights, grads = _run(gated_attention, *case, scale)
+    ref_out, _, ref_grads = _run(gated_attention_reference, *case, scale)
+    assert weights is None
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)
+    for name, a, b in zip(["q", "k", "v", "gate"], grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9, msg=name)
+    assert torch.all(out[0, 1, 3] == 0) and torch.all(grads[3][0, 1, 3] == 0), "a row without an open pair is 0"
+    closed = case[3] == 0
+    assert grads[3][closed].abs().sum() > 0, "closed pairs must get a gate gradient"
+
+
+def test_reference_backend_runs_the_reference():
+    q, k, v, gate, keep, grad_out = _case()
+    q.requires_grad_()
+    out, _ = gated_attention(q, k, v, gate, scale=0.5, backend="reference")
+    assert out.grad_fn is not None and "GatedAttention" not in type(out.grad_fn).__name__
+    torch.testing.assert_close(out, gated_attention_reference(q, k, v, gate, scale=0.5)[0])
+
+
+def test_gate_gradient_is_its_definition_and_the_logit_gradient_on_open_pairs():
+    q, k, v, gate, keep, grad_out = _case(dropout=True)
+    out, _, grads = _run(gated_attention, q, k, v, gate, keep, grad_out, 0.5)
+    # Definition: (e^{s_ij} / Z_i) (ρ_ij ∂L/∂o_i · v_j - ∂L/∂o_i · o_i), Z_i over the open pairs of row i.
+    logits = q @ k.transpose(-1, -2) * 0.5
+    exp = logits.exp()
+    norm = (exp * gate).sum(-1, keepdim=True)
+    empty = norm == 0
+    expected = (
+        exp
+        / norm.masked_fill(empty, 1.0)
+        * (keep * (grad_out @ v.transpose(-1, -2)) - (grad_out * out).sum(-1, keepdim=True))
+    )
+    torch.testing.assert_close(grads[3], expected.masked_fill(empty, 0.0), atol=1e-10, rtol=1e-9)
+    # On an open pair the gate gradient is the gradient of a zero added to its logit (the masked softmax's).
+    zero = torch.zeros_like(gate, requires_grad=True)
+    masked = torch.softmax((logits + zero).masked_fill(gate == 0, float("-inf")), -1).nan_to_num(0.0)
+    ((masked * keep) @ v).backward(grad_out)
+    open_pairs = gate == 1
+    torch.testing.assert_close(grads[3][open_pairs], zero.grad[open_pairs], atol=1e-10, rtol=1e-9)
+
+
+def test_weights_are_the_masked_softmax_and_differentiable():
+    q, k, v, gate, _, _ = _case(dtype=torch.float32)
+    q.requires_grad_()
+    out, weights = gated_attention(q, k, v, gate, scale=0.5, return_weights=True)
+    expected_out, expected = dense_masked_attention(q, k, v, gate.bool(), scale=0.5, return_weights=True)
+    torch.testing.assert_close(weights, expected)
+    torch.testing.assert_close(out, expected_out)
+    assert weights.requires_grad, "transformers' tests retain the attentions' gradient"
