@@ -321,7 +321,8 @@ class SBMAttention(ZooAttention):
             if all_pairs:
                 keep = None
                 if dropout_p > 0.0:
-                    keep = torch.empty_like(attend).bernoulli_(1.0 - dropout_p).div_(1.0 - dropout_p)
+                    # u >= p keeps a pair with probability 1 - p (uniforms are ~1.5x cheaper than `bernoulli_` on CPU)
+                    keep = torch.rand_like(attend).ge_(dropout_p).div_(1.0 - dropout_p)
                 out, weights = gated_attention(
                     q, k, v, attend, keep=keep, scale=self.scaling, return_weights=output_attentions,
                     backend=cfg.attention_backend,

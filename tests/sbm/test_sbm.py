@@ -292,6 +292,27 @@ def test_all_pairs_ste_scores_no_padded_future_or_attended_pair(monkeypatch):
     assert attn.clusters.grad.abs().sum() > 0
 
 
+def test_all_pairs_attention_dropout_keeps_one_minus_p_of_the_weights(monkeypatch):
+    import attnzoo.sbm.attention_sbm as attention_sbm
+
+    seen, original = {}, attention_sbm.gated_attention
+
+    def record(*args, keep=None, **kwargs):
+        seen["keep"] = keep
+        return original(*args, keep=keep, **kwargs)
+
+    monkeypatch.setattr(attention_sbm, "gated_attention", record)
+    attn = make_attention(make_config(attention_probs_dropout_prob=0.2)).train()
+    attn(torch.randn(4, 40, 32), None).hidden_states.sum().backward()
+    keep = seen["keep"]
+    assert set(keep.unique().tolist()) == {0.0, 1.0 / 0.8}
+    assert abs((keep > 0).float().mean().item() - 0.8) < 0.01
+    attn.eval()
+    seen.clear()
+    attn(torch.randn(4, 40, 32), None)
+    assert "keep" not in seen, "eval mode runs no gated attention (and no dropout)"
+
+
 def test_all_pairs_ste_needs_the_dense_backend():
     with pytest.raises(ValueError, match="ste_all_pairs"):
         make_config(ste_all_pairs=True, sampling_backend="fastrg")
