@@ -53,7 +53,7 @@ BENCHMARK_VARIANTS: dict[str, dict | Callable[[int], dict]] = {
     # Edges growing like N instead of N^2: how the fastRG backend's cost follows the number of edges beyond 4096.
     "fastrg-60/query": fastrg_fixed_degree,
     # The price of the default estimator: the dense backend's straight-through gradient for the unsampled pairs
-    # (`ste_all_pairs=None`) is an extra O(N^2) backward pass; `False` is the paper's sampled-pairs estimator alone.
+    # (`ste_all_pairs=None`, computed by the gated attention's backward); `False` is the paper's estimator alone.
     "sampled-ste": {"ste_all_pairs": False},
 }
 

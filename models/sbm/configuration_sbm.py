@@ -47,9 +47,10 @@ class SBMConfig(SparseZooConfig):
             computes this gradient for every pair and keeps the sampled ones only (`grad ⊙ M`), as does the paper;
             without the unsampled pairs the density collapsed to `δ` in 3 of 5 seeds of the repeated-token task
             at N = 64, with them in none (see the model card). `None` (default): on wherever a layer samples its
-            graph densely (the Bernoulli backend, also when `"auto"` picks it), since it scores every pair (an
-            O(N²) backward pass); fastRG graphs use the paper's estimator. `False`: the paper's estimator alone.
-            `True` requires `sampling_backend="bernoulli"`.
+            graph densely (the Bernoulli backend, also when `"auto"` picks it), since it scores every pair (the
+            attention then runs as [`~attnzoo.kernels.gated_attention`], whose backward gives every pair's gate
+            gradient); fastRG graphs use the paper's estimator. `False`: the paper's estimator alone. `True`
+            requires `sampling_backend="bernoulli"`.
         shared_membership_mlp (`bool`, *optional*, defaults to `True`):
             One membership MLP per layer shared by all heads and by queries and keys (official code); `False` gives
             each head its own MLP (paper text).
