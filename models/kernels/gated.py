@@ -44,6 +44,7 @@ class _GatedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the in-place backward is not itself differentiable
     def backward(ctx, grad_out: Tensor):
         q, k, v, gate, keep, weights, out = ctx.saved_tensors
         # ∂L/∂g = (e^s / Z) (ρ ∂L/∂o · v_j - ∂L/∂o · o), built in place in the one (B, H, n, m) buffer it needs.
@@ -87,8 +88,8 @@ def gated_attention(
         scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
         return_weights (`bool`, *optional*, defaults to `False`): also return the weights after dropout; they are
             part of the autograd graph (as transformers' eager attention's are), so the reference runs.
-        backend (`str`, *optional*, defaults to `"fast"`): `"reference"` runs [`gated_attention_reference`]; every
-            other backend the fused torch function.
+        backend (`str`, *optional*, defaults to `"fast"`): `"reference"` runs [`gated_attention_reference`];
+            `"fast"` and `"triton"` (where it can run: see [`resolve_backend`]) the fused torch function.
 
     Returns:
         `tuple(torch.Tensor, torch.Tensor | None)`: the output `(B, H, n, d)` (rows without an open pair are zero, as

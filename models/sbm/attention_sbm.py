@@ -52,7 +52,8 @@ class SBMAttention(ZooAttention):
     Per head: cluster embeddings `C` (k, d), block matrix `Ŝ = softmax over all k² entries of C Cᵀ`, memberships
     `Q̂ = σ(MLP(Q) Cᵀ)`, `K̂ = σ(MLP(K) Cᵀ)`, edge probabilities `P = Q̂ Ŝ K̂ᵀ` (+ exploration `δ`), a sampled graph
     and softmax attention over its edges. The straight-through estimator sends the attention gradient of each
-    sampled edge back to its probability; the density regulariser (`sparsity_weight`) is the auxiliary loss.
+    sampled edge back to its probability (on the dense backend by default also that of each allowed, unsampled pair:
+    `ste_all_pairs`); the density regulariser (`sparsity_weight`) is the auxiliary loss.
 
     Used as encoder self-attention, causal decoder self-attention and cross-attention; the config can fall back
     to dense attention in the decoder sites (`sbm_in_decoder`, `sbm_in_cross_attention`).

@@ -39,7 +39,7 @@ class SBMConfig(SparseZooConfig):
             probability receives the gradient of that edge's attention logit. `"paper"` (Eq. 9): the mask
             multiplies the logits, so it receives the logit gradient times the logit.
         ste_clip (`float`, *optional*, defaults to 1.0):
-            Clip (hardtanh) applied to the gradient of each sampled edge probability.
+            Clip (hardtanh) applied to the gradient of each edge probability that receives one.
         ste_all_pairs (`bool`, *optional*):
             Also give the pairs that were *not* sampled a straight-through gradient: the gradient their mask entry
             would get if the mask gated the softmax weights (`e^{s_ij} / Z_i` times the gain of adding key `j`, times

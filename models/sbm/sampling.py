@@ -63,10 +63,10 @@ def counter_uniform(seed: int, num_heads: int, rows: Tensor, cols: Tensor) -> Te
 class DenseMaskSTE(torch.autograd.Function):
     """Straight-through estimator of a dense sampled mask, fused with the attention input it produces.
 
-    Forward turns `blocked` (float, 1 at pairs that are not attended, 0 elsewhere) in place into what the attention
-    takes and passes the number of sampled edges per `(batch, head)` through. `sampled` says which attended pairs were
-    sampled: `None` (all of them), the whole graph `(B, H, Nq, Nk)`, or the graph of the first `c < Nk` key columns
-    `(B, H, Nq, c)` (global columns; beyond them every attended pair was sampled).
+    Forward turns `blocked` (float, 1 at pairs that are not attended, 0 elsewhere; in place unless it is a view) into
+    what the attention takes and passes the number of sampled edges per `(batch, head)` through. `sampled` says which
+    attended pairs were sampled: `None` (all of them), the whole graph `(B, H, Nq, Nk)`, or the graph of the first
+    `c < Nk` key columns `(B, H, Nq, c)` (global columns; beyond them every attended pair was sampled).
 
     - Sampled pairs only (`all_pairs=False`, the published estimator): the output is an additive logit bias (0 on
       attended pairs, the dtype's minimum elsewhere). The gradient reaching a sampled pair (its logit gradient,

@@ -313,6 +313,26 @@ def test_all_pairs_attention_dropout_keeps_one_minus_p_of_the_weights(monkeypatc
     assert "keep" not in seen, "eval mode runs no gated attention (and no dropout)"
 
 
+def test_output_attentions_keeps_the_all_pairs_gradient_with_global_tokens():
+    # With global tokens and `output_attentions`, the output is rebuilt from the returned weights: the unsampled
+    # pairs' gradient must travel with the weights (it was lost when only the discarded output carried it).
+    config = make_config(num_global_tokens=2, sparsity_weight=0.5, ste_all_pairs=True)
+    x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(4))
+    key_valid = torch.tensor([[True] * 12, [True] * 9 + [False] * 3])
+    results = []
+    for output_attentions in (False, True):
+        attn = make_attention(config).train()
+        torch.manual_seed(5)  # the same graphs
+        out = attn(x, key_valid, output_attentions=output_attentions)
+        ((out.hidden_states * key_valid[..., None]).pow(2).sum() + out.aux_loss).backward()
+        results.append((out.hidden_states.detach(), {n: p.grad for n, p in attn.named_parameters()}))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    # fp32 round-off of the largest gradients (~50) reaches the near-zero ones (the key bias's cancels in softmax)
+    atol = 1e-6 * max(grad.abs().max().item() for grad in results[0][1].values())
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, atol=atol, rtol=1e-4, msg=name)
+
+
 def test_all_pairs_ste_needs_the_dense_backend():
     with pytest.raises(ValueError, match="ste_all_pairs"):
         make_config(ste_all_pairs=True, sampling_backend="fastrg")
