@@ -29,8 +29,11 @@ class _GatedAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, gate: Tensor, keep: Tensor | None, scale: float) -> Tensor:
         # q: (B, H, n, d); k, v: (B, H, m, d); gate, keep: (B, H, n, m)
         weights = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)  # (B, H, n, m) logits s
-        top = weights.masked_fill(gate == 0, float("-inf")).amax(-1, keepdim=True)  # max over the open pairs
-        empty = top == float("-inf")  # (B, H, n, 1) rows without an open pair
+        # Max over the open pairs: s where open, the dtype's minimum where closed, in float ops (on CPU a bool mask
+        # and `masked_fill` take twice as long as these passes).
+        lowest = torch.finfo(weights.dtype).min
+        top = gate.sub(1.0).mul_(-lowest).addcmul_(weights, gate).amax(-1, keepdim=True)  # (B, H, n, 1)
+        empty = top == lowest  # rows without an open pair
         top.masked_fill_(empty, 0.0)
         weights.sub_(top).clamp_(max=_MAX_LOG_WEIGHT).exp_()  # e^{s - max}
         norm = torch.einsum("bhnm,bhnm->bhn", weights, gate).unsqueeze(-1)  # (B, H, n, 1) Z e^{-max}

@@ -114,22 +114,24 @@ def test_edge_list_equals_dense_masked_attention_for_a_fixed_mask():
 
 
 @pytest.mark.parametrize(
-    "backend,variant,training,all_pairs",
+    "backend,variant,training,all_pairs,dropout",
     [
-        ("bernoulli", "official", True, False),
-        ("bernoulli", "official", False, False),
-        ("bernoulli", "paper", True, False),
-        ("bernoulli", "official", True, True),
-        ("bernoulli", "paper", True, True),
-        ("fastrg", "official", True, False),
-        ("fastrg", "official", False, False),
-        ("fastrg", "paper", True, False),
+        ("bernoulli", "official", True, False, 0.0),
+        ("bernoulli", "official", False, False, 0.0),
+        ("bernoulli", "paper", True, False, 0.0),
+        ("bernoulli", "official", True, True, 0.0),
+        ("bernoulli", "paper", True, True, 0.0),
+        ("bernoulli", "official", True, True, 0.3),  # the gated attention's dropout (same keep mask in both paths)
+        ("fastrg", "official", True, False, 0.0),
+        ("fastrg", "official", False, False, 0.0),
+        ("fastrg", "paper", True, False, 0.0),
     ],
 )
-def test_fast_path_equals_reference_on_the_same_graph(backend, variant, training, all_pairs):
+def test_fast_path_equals_reference_on_the_same_graph(backend, variant, training, all_pairs, dropout):
     config = make_config(
-        sampling_backend=backend, ste_variant=variant, sparsity_weight=0.5, local_window=4, ste_all_pairs=all_pairs
-    )
+        sampling_backend=backend, ste_variant=variant, sparsity_weight=0.5, local_window=4, ste_all_pairs=all_pairs,
+        attention_probs_dropout_prob=dropout,
+    )  # fmt: skip
     results = []
     for reference in (False, True):
         config.attention_backend = "reference" if reference else "fast"
@@ -148,9 +150,12 @@ def test_fast_path_equals_reference_on_the_same_graph(backend, variant, training
     torch.testing.assert_close(out_f, out_r, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(dens_f, dens_r)
     torch.testing.assert_close(xg_f, xg_r, atol=1e-5, rtol=1e-4)
+    # fp32 round-off of the largest gradients reaches the near-zero ones (the key bias's cancels in softmax)
+    largest = max(grad.abs().max().item() for grad in grads_r.values())
     for name in grads_f:
         scale = grads_r[name].abs().max().item()
-        torch.testing.assert_close(grads_f[name], grads_r[name], atol=1e-5 * scale + 1e-6, rtol=1e-4, msg=name)
+        atol = 1e-5 * scale + 1e-7 * largest + 1e-6
+        torch.testing.assert_close(grads_f[name], grads_r[name], atol=atol, rtol=1e-4, msg=name)
     assert grads_f["clusters"].abs().sum() > 0
 
 
