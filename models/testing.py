@@ -41,6 +41,43 @@ def load_config(family: Family | str, size: str = "tiny", **overrides: Any) -> Z
     return family.config_class(**fields)
 
 
+def probe_loss(hidden: torch.Tensor, mask: torch.Tensor | None = None, seed: int = 1) -> torch.Tensor:
+    """A fixed random projection of the (real tokens') hidden states, summed: its gradient reaches every layer.
+
+    Comparisons of two implementations' gradients need it: a post-LayerNorm encoder's output has a mean square of
+    almost exactly 1 per token, so `hidden.pow(2).mean()` sends nearly nothing back to the attention.
+
+    Args:
+        hidden (`torch.Tensor` of shape `(B, N, D)`): last hidden states.
+        mask (`torch.Tensor` of shape `(B, N)`, *optional*): 1 / `True` at the tokens that count.
+        seed (`int`, *optional*, defaults to 1): seed of the projection.
+    """
+    probe = torch.randn(hidden.shape[-1], generator=torch.Generator().manual_seed(seed))
+    projected = hidden * probe.to(device=hidden.device, dtype=hidden.dtype)  # (B, N, D)
+    return (projected if mask is None else projected[mask.bool()]).sum()
+
+
+def assert_same_gradients(
+    grads: dict[str, torch.Tensor],
+    expected: dict[str, torch.Tensor],
+    *,
+    rtol: float,
+    atol: float,
+    atol_of_largest: float = 1e-7,
+) -> None:
+    """Every parameter's gradient within `rtol` and `atol` times that parameter's own largest expected entry.
+
+    A tolerance scaled by the model's largest gradient (the embeddings') would hide errors in the attention's
+    projections, whose gradients are orders of magnitude smaller; `atol_of_largest` times the largest one still
+    absorbs the round-off of gradients that vanish in exact arithmetic (the key bias cancels in every softmax).
+    """
+    assert grads.keys() == expected.keys()
+    largest = max(float(g.abs().max()) for g in expected.values())
+    for name, grad in grads.items():
+        tolerance = atol * float(expected[name].abs().max()) + atol_of_largest * largest
+        torch.testing.assert_close(grad, expected[name], atol=tolerance, rtol=rtol, msg=name)
+
+
 def read_sst2(split: str) -> tuple[list[str], list[int]]:
     """Sentences and labels of the bundled SST-2 slice (`split` is `"train"` or `"dev"`)."""
     with open(SST2_DIR / f"{split}.tsv", newline="", encoding="utf-8") as handle:

@@ -10,7 +10,7 @@ import torch
 
 from attnzoo.kernels import resolve_backend
 from attnzoo.registry import FAMILIES
-from attnzoo.testing import family_by_name, load_config
+from attnzoo.testing import assert_same_gradients, family_by_name, load_config, probe_loss
 
 pytestmark = pytest.mark.gpu
 
@@ -60,22 +60,6 @@ def test_every_head_trains_a_step_in_bf16_on_cuda(family, head):
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
-def _probe_loss(hidden: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """A fixed random projection of the real tokens' states: a layer-normed output's mean square is nearly constant,
-    so its gradient would barely reach the attention."""
-    probe = torch.randn(hidden.shape[-1], generator=torch.Generator().manual_seed(1)).to(hidden.device)
-    return (hidden[inputs["attention_mask"].bool()] * probe).sum()
-
-
-def _assert_same_gradients(grads: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert grads.keys() == expected.keys()
-    # Each parameter within its own scale; near-zero ones (the key bias's cancels in softmax) within the largest's.
-    largest = max(float(g.abs().max()) for g in expected.values())
-    for name, grad in grads.items():
-        atol = 1e-4 * float(expected[name].abs().max()) + 1e-6 * largest
-        torch.testing.assert_close(grad, expected[name], atol=atol, rtol=1e-3, msg=name)
-
-
 def _fast_and_reference(family: str, overrides: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The family's encoder on CUDA with the default backend and a copy on the same weights with the reference."""
     torch.manual_seed(0)
@@ -96,11 +80,11 @@ def test_fast_path_runs_triton_and_equals_the_reference_on_cuda(family, override
     results = []
     for model in (fast, reference):
         hidden = model(**inputs).last_hidden_state
-        _probe_loss(hidden, inputs).backward()
+        probe_loss(hidden, inputs["attention_mask"]).backward()
         results.append((hidden.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
     (out_fast, grads_fast), (out_ref, grads_ref) = results
     torch.testing.assert_close(out_fast, out_ref, atol=1e-4, rtol=1e-4)
-    _assert_same_gradients(grads_fast, grads_ref)
+    assert_same_gradients(grads_fast, grads_ref, rtol=1e-3, atol=1e-4)
 
 
 def test_sbm_training_attention_equals_the_reference_on_cuda():
@@ -111,12 +95,12 @@ def test_sbm_training_attention_equals_the_reference_on_cuda():
     for model in (fast.train(), reference.train()):
         torch.manual_seed(3)  # the same sampled graphs
         out = model(**inputs)
-        (_probe_loss(out.last_hidden_state, inputs) + out.aux_loss).backward()
+        (probe_loss(out.last_hidden_state, inputs["attention_mask"]) + out.aux_loss).backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         results.append((out.last_hidden_state.detach(), grads))
     (out_fast, grads_fast), (out_ref, grads_ref) = results
     torch.testing.assert_close(out_fast, out_ref, atol=1e-4, rtol=1e-4)
-    _assert_same_gradients(grads_fast, grads_ref)
+    assert_same_gradients(grads_fast, grads_ref, rtol=1e-3, atol=1e-4)
     assert grads_fast["encoder.layers.0.attention.clusters"].abs().sum() > 0
 
 

@@ -12,7 +12,7 @@ from transformers import AutoConfig
 from attnzoo.core.global_tokens import add_global_columns, append_global_slots, global_edges
 from attnzoo.kernels import dense_masked_attention
 from attnzoo.registry import FAMILIES
-from attnzoo.testing import load_config
+from attnzoo.testing import load_config, probe_loss
 
 SPARSE = sorted(name for name, family in FAMILIES.items() if family.attention_class.supports_global_tokens)
 N = 48
@@ -101,8 +101,7 @@ def test_fast_path_equals_reference_with_global_tokens(model_type, overrides):
         model = _model(model_type, num_global_tokens=3, attention_backend=backend, **overrides).train()
         torch.manual_seed(5)
         hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        loss = (hidden * mask[..., None]).pow(2).mean()
-        loss.backward()
+        probe_loss(hidden, mask).backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         results.append((hidden.detach() * mask[..., None], grads))
     (h_fast, g_fast), (h_ref, g_ref) = results

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnzoo.kernels import dispatch
-from attnzoo.testing import family_by_name, load_config
+from attnzoo.testing import assert_same_gradients, family_by_name, load_config, probe_loss
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests (CUDA: tests/gpu)")
@@ -51,7 +51,7 @@ def _run(family: str, overrides: dict, backend: str, *, train: bool, autocast: b
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out = model(**inputs)
         hidden = out.last_hidden_state.float()
-        loss = hidden[inputs["attention_mask"].bool()].pow(2).mean()
+        loss = probe_loss(hidden, inputs["attention_mask"])
         if getattr(out, "aux_loss", None) is not None:
             loss = loss + out.aux_loss.float()
     loss.backward()
@@ -80,10 +80,7 @@ def test_triton_backend_equals_reference_in_training_in_fp32(family, overrides, 
     assert "triton" in implementations  # the family's sparse attention reached a Triton kernel
     expected, expected_grads = _run(family, overrides, "reference", train=True)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
-    assert grads.keys() == expected_grads.keys()
-    scale = max(float(g.abs().max()) for g in expected_grads.values())
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, expected_grads[name], atol=2e-5 * scale, rtol=2e-4, msg=name)
+    assert_same_gradients(grads, expected_grads, rtol=2e-4, atol=2e-5)
 
 
 @pytest.mark.parametrize("family,overrides", CASES)
@@ -92,6 +89,8 @@ def test_triton_backend_under_bf16_autocast_stays_close_to_the_fp32_reference(fa
     expected, expected_grads = _run(family, overrides, "reference", train=False)
     real = _inputs(1000)["attention_mask"].bool()
     assert (out[real] - expected[real]).norm() < 3e-2 * expected[real].norm()
+    # bf16 round-off of the large gradients reaches the ones that vanish in exact arithmetic (the key bias's)
+    largest = max(grad.norm() for grad in expected_grads.values())
     for name, grad in grads.items():
         assert torch.isfinite(grad).all(), name
-        assert (grad - expected_grads[name]).norm() <= 0.1 * expected_grads[name].norm() + 1e-6, name
+        assert (grad - expected_grads[name]).norm() <= 0.1 * expected_grads[name].norm() + 1e-3 * largest, name
