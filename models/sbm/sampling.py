@@ -106,7 +106,10 @@ class DenseMaskSTE(torch.autograd.Function):
         ctx.whole_graph = sampled is not None and sampled.shape[-1] == attend.shape[-1]
         ctx.all_pairs, ctx.clip, ctx.logits = all_pairs, clip, logits
         # What tells attended from blocked pairs (the output itself), except where the whole sampled graph does.
-        ctx.save_for_backward(None if ctx.whole_graph and not all_pairs else attend, sampled, allowed)
+        # `allowed` bounds only the all-pairs gradient; the sampled pairs are allowed by construction.
+        ctx.save_for_backward(
+            None if ctx.whole_graph and not all_pairs else attend, sampled, allowed if all_pairs else None
+        )
         return attend, counts.clone()
 
     @staticmethod
