@@ -8,16 +8,18 @@ from typing import Any
 
 import torch
 
+from ..testing import probe_loss
 from .models import BenchModel, make_inputs
 from .settings import BenchmarkSettings
-from .workload import hidden_loss
 
 
 def check_equivalence(row: BenchModel, settings: BenchmarkSettings, length: int) -> dict[str, Any]:
     """Compare a family's fast path with `attention_backend="reference"` on the same weights (fp32, eval mode).
 
-    Eval mode makes sampling methods deterministic; both outputs and every parameter gradient of
-    `mean(last_hidden_state ** 2)` must agree within `atol + rtol * max|reference|`. The models have one encoder
+    Eval mode makes sampling methods deterministic; the outputs must agree within `atol + rtol * max|reference|`,
+    and every parameter's gradient of a fixed random projection of the output ([`~attnzoo.testing.probe_loss`]; the
+    benchmark's own `mean(last_hidden_state ** 2)` is nearly constant after the final LayerNorm, so its gradient
+    barely reaches the attention) within `rtol` of that parameter's largest entry. The models have one encoder
     layer, so that both paths see the same input: deeper, the first layer's round-off differences can move a
     data-dependent selection in the next one (FSAT's `floor` of a predicted position flips to the neighbouring query)
     and change a few outputs by far more than the tolerance without any kernel being wrong (FSAT, width 256, 2
@@ -35,19 +37,21 @@ def check_equivalence(row: BenchModel, settings: BenchmarkSettings, length: int)
         outputs = []
         for model in (fast, reference):
             hidden = model(**inputs).last_hidden_state
-            hidden_loss(hidden).backward()
+            probe_loss(hidden.float(), inputs.get("attention_mask")).backward()
             grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
             outputs.append((hidden.detach(), grads))
         (out_fast, grads_fast), (out_ref, grads_ref) = outputs
         output_error = float((out_fast - out_ref).abs().max()) / (atol + rtol * float(out_ref.abs().max()))
-        # Some gradients are zero in exact arithmetic (the key bias: softmax ignores a per-query constant), so the
-        # absolute tolerance of each gradient scales with the largest gradient of the model, not its own.
+        # Each gradient within its own scale (the embeddings' are orders of magnitude above the attention's); the
+        # ones that are zero in exact arithmetic (the key bias: softmax ignores a per-query constant) within a
+        # millionth of the model's largest.
         grad_scale = max((float(g.abs().max()) for g in grads_ref.values()), default=0.0)
         grad_error = 0.0
         for name, grad_ref in grads_ref.items():
             if name in grads_fast:
                 diff = float((grads_fast[name] - grad_ref).abs().max())
-                grad_error = max(grad_error, diff / (atol * grad_scale + rtol * float(grad_ref.abs().max()) + 1e-30))
+                tolerance = rtol * float(grad_ref.abs().max()) + 1e-6 * grad_scale + 1e-30
+                grad_error = max(grad_error, diff / tolerance)
         passed = output_error <= 1 and grad_error <= 1 and grads_fast.keys() == grads_ref.keys()
         return {
             "length": length,
