@@ -17,7 +17,8 @@ python scripts/run_glue.py --task_name mnli --model_name_or_path out/mlm --outpu
 python scripts/run_glue.py configs/train/smart_bird_classification.yaml
 ```
 Metrics (official GLUE definitions: accuracy, F1, Matthews correlation, Pearson/Spearman) go to
-`output_dir/metrics.json`, the training curves to `output_dir/training_curves.png`.
+`output_dir/metrics.json`, the final evaluation's per-example predictions to `output_dir/eval_predictions.tsv`
+(index, label, prediction), the training curves to `output_dir/training_curves.png`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,6 +55,7 @@ from attnzoo.training import (
 )
 
 logger = logging.getLogger(__name__)
+PREDICTIONS_FILE = "eval_predictions.tsv"
 
 
 def first_logits(logits: Any, labels: Any) -> Any:
@@ -105,10 +108,13 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
     train_dataset, eval_dataset = datasets.get("train"), datasets.get("validation")
 
     task = data_args.task_name
+    # The latest evaluation's predictions (the final one's, once training ends), for `eval_predictions.tsv`.
+    latest: dict[str, np.ndarray] = {}
 
     def compute_metrics(prediction: Any) -> dict[str, float]:
         logits = prediction.predictions
         predictions = np.squeeze(logits, -1) if regression else np.argmax(logits, axis=-1)
+        latest.update(predictions=predictions, labels=prediction.label_ids)
         if task is not None:
             return glue_metrics(task, predictions, prediction.label_ids)
         return classification_metrics(predictions, prediction.label_ids)
@@ -129,7 +135,20 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
     )
     trainer.log_metrics("all", metrics)
     extra = {"task": task, "label_names": data.label_names, "data": data.report.counts, "model": model_info}
-    return finish_run(trainer, metrics, extra)
+    payload = finish_run(trainer, metrics, extra)
+    if latest and trainer.is_world_process_zero():
+        write_predictions(Path(training_args.output_dir) / PREDICTIONS_FILE, latest["labels"], latest["predictions"])
+    return payload
+
+
+def write_predictions(path: Path, labels: np.ndarray, predictions: np.ndarray) -> None:
+    """One row per validation example, in the validation file's order: its label and the model's prediction (class
+    ids, or scores for regression), so that two runs can be compared example by example (a paired test)."""
+    rows = ["index\tlabel\tprediction"]
+    rows += [
+        f"{i}\t{label}\t{prediction}" for i, (label, prediction) in enumerate(zip(labels, predictions, strict=True))
+    ]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,22 @@ def test_run_glue_sst2_smoke_for_every_family(tmp_path, data_dir, load_script, q
     assert (tmp_path / "metrics.json").is_file() and (tmp_path / "training_curves.png").is_file()
 
 
+def test_run_glue_writes_the_final_evaluation_predictions(tmp_path, data_dir, load_script, quiet_args):
+    argv = [*_sst2(data_dir, eval_samples=24), *quiet_args, "--config_path", TINY, "--max_steps", "3"]
+    argv += ["--save_strategy", "no", "--eval_strategy", "steps", "--eval_steps", "1"]
+    result = load_script("run_glue").main([*argv, "--output_dir", str(tmp_path)])
+    lines = (tmp_path / "eval_predictions.tsv").read_text().splitlines()
+    assert lines[0] == "index\tlabel\tprediction"
+    rows = [line.split("\t") for line in lines[1:]]
+    assert [int(row[0]) for row in rows] == list(range(24))
+    # The labels are the validation file's, in its order (its last column; the header row skipped).
+    dev = (data_dir / "glue/SST-2/dev.tsv").read_text().splitlines()[1:25]
+    assert [row[1] for row in rows] == [line.split("\t")[-1] for line in dev]
+    # The final evaluation's predictions (not an earlier one's): they give the reported accuracy.
+    accuracy = sum(row[1] == row[2] for row in rows) / len(rows)
+    assert accuracy == pytest.approx(result["metrics"]["eval_accuracy"])
+
+
 def test_run_glue_regression_and_pair_tasks_from_original_layout(tmp_path, load_script, quiet_args):
     path = tmp_path / "train.tsv"
     rows = ["index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"]
