@@ -3,7 +3,7 @@
 and fine-tuned warm-started vs from scratch.
 
 Each step runs the project's own programs (`train_tokenizer.py`, `run_mlm.py`, `convert_checkpoint.py`,
-`run_glue.py`, `run_summarization.py`) as subprocesses on one CPU thread, logs them under
+`run_glue.py`, `run_summarization.py`) as subprocesses on one CPU thread (`source_long`: two), logs them under
 `outputs/warm-start/logs/`, and writes what it measured, with the exact commands and the commit, to
 `scripts/results/warm-start/<step>.json`. A run whose output folder already holds `metrics.json` is reused, so an
 interrupted step resumes where it stopped. Run the steps in this order:
@@ -16,9 +16,11 @@ interrupted step resumes where it stopped. Run the steps in this order:
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py sst2      # warm vs scratch
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py imdb      # warm (continued) vs scratch, long reviews
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py seq2seq   # BERT2BERT vs scratch, CNN/DM ROUGE
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py paired    # warm vs scratch per example (McNemar)
     python scripts/warm_start_evidence.py table                       # tables (READMEs, cards), plot
 
-Models and data go to `outputs/warm-start/` (git-ignored). Budgets are the constants below.
+`--jobs 2` runs two programs at a time (one thread each) in the steps that run one per family. Models and data go to
+`outputs/warm-start/` (git-ignored). Budgets are the constants below.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import csv
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -76,13 +79,14 @@ EVAL_BLOCKS_128 = 256
 CONTINUE = {"steps": 60, "accumulation": 1, "learning_rate": "1e-4", "eval_blocks": 8, "eval_steps": 20}
 #: Fine-tuning budgets, identical for warm-started and from-scratch runs.
 SST2 = {"train": 6000, "dev": 1000, "steps": 250, "batch": 32, "length": 64, "learning_rate": "2e-4", "eval_batch": 32}
-#: IMDB: reviews cut at 512 tokens (about 80% fit whole) and the first 200 reviews of our dev split evaluated: on
-#: this shared 2-core machine a 1024-token budget for 12 runs did not fit (SBM's evaluation is slow on CPU).
+#: IMDB: reviews cut at 512 tokens (about 80% fit whole), the whole dev split evaluated. The first round's 60 steps
+#: (first 200 dev reviews) left every model within 7 points of the majority class; 200 steps of batch 8 is 1.6
+#: epochs of the 1,000 training reviews (about 5 minutes per run on one thread).
 IMDB = {
     "train": 1000,
     "dev": 500,
-    "eval_samples": 200,
-    "steps": 60,
+    "eval_samples": 500,
+    "steps": 200,
     "batch": 8,
     "length": 512,
     "learning_rate": "2e-4",
@@ -352,8 +356,32 @@ def step_source_long() -> dict[str, Any]:
     return records
 
 
+def unigram_cross_entropy() -> float:
+    """Cross-entropy (nats per token) of the held-back text under the training text's token frequencies (add-one
+    smoothed): the masked-LM loss of a model that ignores the context, the level an MLM must get below."""
+    from collections import Counter
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / SOURCE)
+
+    def counts(path: Path) -> Counter:
+        lines = (ROOT / path).read_text(encoding="utf-8").splitlines()
+        found: Counter = Counter()
+        for start in range(0, len(lines), 2000):
+            for ids in tokenizer(lines[start : start + 2000], add_special_tokens=False)["input_ids"]:
+                found.update(ids)
+        return found
+
+    train, held_back = counts(MLM_TRAIN), counts(MLM_VALID)
+    total, vocab = sum(train.values()), len(tokenizer)
+    nats = sum(n * math.log((train[token] + 1) / (total + vocab)) for token, n in held_back.items())
+    return -nats / sum(held_back.values())
+
+
 def step_convert() -> dict[str, Any]:
     results: dict[str, Any] = {"source": {"eval_128": mlm_eval(SOURCE.name, SOURCE, 128, EVAL_BLOCKS_128)}}
+    results["source"]["unigram_cross_entropy"] = round(unigram_cross_entropy(), 4)
     tasks = {f"{family}-{length}": _converter(family, length) for family in FAMILIES for length in LENGTHS}
     return {**results, **in_parallel(tasks)}
 
@@ -492,6 +520,75 @@ def step_imdb() -> dict[str, Any]:
     return _warm_vs_scratch("imdb", {**IMDB, "text_column": "text"}, "continue/{family}")
 
 
+PREDICTIONS = "eval_predictions.tsv"  # written by `run_glue.py` beside the metrics
+
+
+def _predictions(task: str, data: dict[str, Any], name: str) -> list[tuple[str, str]]:
+    """(label, prediction) per evaluated example of a fine-tuned model; a run that predates `run_glue.py`'s
+    predictions file is evaluated again from its saved weights (the same examples, truncation and batching)."""
+    folder = WORK / task / name
+    if not (ROOT / folder / PREDICTIONS).is_file():
+        folder = WORK / f"{task}-predictions" / name
+        command = [
+            "scripts/run_glue.py",
+            "--model_name_or_path", str(WORK / task / name),
+            "--validation_file", str(WORK / "data" / f"{task}_dev.tsv"),
+            "--text_column", data["text_column"],
+            "--label_column", "label",
+            "--max_seq_length", str(data["length"]),
+            "--per_device_eval_batch_size", str(data["eval_batch"]),
+            *(["--max_eval_samples", str(data["eval_samples"])] if "eval_samples" in data else []),
+            "--output_dir", str(folder),
+            *QUIET,
+        ]  # fmt: skip
+        run(f"predict-{task}-{name}", command, folder)
+    lines = (ROOT / folder / PREDICTIONS).read_text(encoding="utf-8").splitlines()[1:]
+    return [tuple(line.split("\t")[1:]) for line in lines]
+
+
+def mcnemar(only_first: int, only_second: int) -> float:
+    """Exact two-sided McNemar p-value: the chance of a split of the discordant examples at least this uneven if
+    either model were as likely to be the one that is right."""
+    n, k = only_first + only_second, min(only_first, only_second)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+
+
+def _paired(task: str, text_column: str) -> dict[str, Any]:
+    recorded = _load(task)
+    data = {**recorded["budget"], "text_column": text_column}  # the budget the runs had, not today's constants
+    results: dict[str, Any] = {}
+    runs = {f"{family}/{start}": (family, start) for family in FAMILIES for start in ("warm", "scratch")}
+    found = in_parallel({key: (lambda f=f, s=s: _predictions(task, data, f"{f}-{s}")) for key, (f, s) in runs.items()})
+    for family in FAMILIES:
+        warm, scratch = found[f"{family}/warm"], found[f"{family}/scratch"]
+        if [label for label, _ in warm] != [label for label, _ in scratch]:
+            raise ValueError(f"{task}/{family}: warm and scratch were evaluated on different examples")
+        right = {
+            name: [label == guess for label, guess in rows] for name, rows in (("warm", warm), ("scratch", scratch))
+        }
+        for name, hits in right.items():
+            accuracy, reported = sum(hits) / len(hits), recorded[family][name]["eval_accuracy"]
+            if abs(accuracy - reported) > 1e-9:
+                raise ValueError(f"{task}/{family}-{name}: predictions give {accuracy}, the run reported {reported}")
+        only_warm = sum(w and not c for w, c in zip(right["warm"], right["scratch"], strict=True))
+        only_scratch = sum(c and not w for w, c in zip(right["warm"], right["scratch"], strict=True))
+        results[family] = {
+            "examples": len(warm),
+            "only_warm_right": only_warm,
+            "only_scratch_right": only_scratch,
+            "mcnemar_p": mcnemar(only_warm, only_scratch),
+        }
+    return results
+
+
+def step_paired() -> dict[str, Any]:
+    """Warm against scratch example by example on the same held-back examples (exact McNemar test), per task."""
+    tasks = {"sst2": "sentence", "imdb": "text"}
+    return {task: _paired(task, text_column) for task, text_column in tasks.items() if _load(task)}
+
+
 def step_seq2seq() -> dict[str, Any]:
     """BERT2BERT warm start (run_summarization --family) vs the same encoder-decoder from scratch, CNN/DM stories."""
     stories = DATA / "cnn_dailymail" / "allennlp_fixture"
@@ -565,9 +662,46 @@ def _pair(result: dict[str, Any], family: str) -> str:
 
 
 def write_table() -> str:
-    """The table (returned; also written into README.md, the results folder's README and the model cards) and
-    `continue_curves.png`, from the step JSONs."""
+    """Write the tables into their files (`tables`) and draw `continue_curves.png`; returns the main table."""
+    placed = tables()
+    for path, table in placed.items():
+        path.write_text(with_table(path.read_text(encoding="utf-8"), table, path), encoding="utf-8")
+    cont = _load("continue")
+    if cont:
+        _plot_curves(cont)
+    return placed.get(ROOT / "README.md", "")
+
+
+#: The README, the results folder's README and every family's card (`model_cards/<name>.md`; each holds its own
+#: row and dense's) keep the table between these markers.
+CARD_NAMES = {"dense_transformer": "dense"}
+TABLE_BEGIN = "<!-- warm-start table: written by `python scripts/warm_start_evidence.py table` -->"
+TABLE_END = "<!-- end of warm-start table -->"
+
+
+def with_table(text: str, table: str, path: Path) -> str:
+    """`text` (the contents of `path`) with `table` between the markers; a file without them is an error."""
+    if TABLE_BEGIN not in text or TABLE_END not in text:
+        raise ValueError(f"{path} has no warm-start table markers ({TABLE_BEGIN!r} ... {TABLE_END!r})")
+    head, rest = text.split(TABLE_BEGIN, 1)
+    return head + TABLE_BEGIN + "\n" + table + "\n" + TABLE_END + rest.split(TABLE_END, 1)[1]
+
+
+def tables() -> dict[Path, str]:
+    """Every file's table, rendered from the step JSONs (nothing before the `convert` step has run)."""
     convert, cont, sst2, imdb, seq2seq = (_load(step) for step in ("convert", "continue", "sst2", "imdb", "seq2seq"))
+    if not convert:
+        return {}
+    table = _main_table(convert, cont, sst2, imdb, seq2seq)
+    placed = {ROOT / "README.md": table, ROOT / RESULTS / "README.md": table}
+    for family in FAMILIES:
+        placed[ROOT / "model_cards" / f"{CARD_NAMES.get(family, family)}.md"] = _card_table(
+            family, convert, cont, sst2, imdb
+        )
+    return placed
+
+
+def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict) -> str:
     dense_curve = _curve(cont.get("dense_transformer", {}))
     dense_end = dense_curve[-1][1] if dense_curve else None
     rows = [
@@ -576,10 +710,12 @@ def write_table() -> str:
         "| IMDB dev accuracy, warm / scratch |",
         "|---|---|---|---|---|",
     ]
-    if convert:
-        source = convert["source"]["eval_128"]["eval_loss"]
-        source_512 = cont.get("source_eval_512", {}).get("eval_loss")
-        rows.append(f"| BERT source | {source:.3f} (@512: {_cell(source_512)}) | – | – | – |")
+    source = convert["source"]["eval_128"]["eval_loss"]
+    source_512 = cont.get("source_eval_512", {}).get("eval_loss")
+    rows.append(f"| BERT source | {source:.3f} (@512: {_cell(source_512)}) | – | – | – |")
+    unigram = convert["source"].get("unigram_cross_entropy")
+    if unigram is not None:
+        rows.append(f"| no context (training-text token frequencies) | {unigram:.3f} | – | – | – |")
     for family in FAMILIES:
         losses = [convert.get(f"{family}-{length}", {}).get("eval_128", {}).get("eval_loss") for length in LENGTHS]
         curve = _curve(cont.get(family, {}))
@@ -594,6 +730,22 @@ def write_table() -> str:
             f"{_pair(imdb, family)} |"
         )
     table = "\n".join(rows)
+    paired = _load("paired")
+    tasks = [task for task in ("sst2", "imdb") if task in paired]
+    if tasks:
+        names = {"sst2": "SST-2", "imdb": "IMDB"}
+        columns = [f"{names[task]} ({paired[task][FAMILIES[0]]['examples']} examples)" for task in tasks]
+        table += (
+            "\n\nWarm against scratch on the same held-back examples: examples only the warm start gets right / "
+            "only the scratch model gets right, exact McNemar p.\n\n"
+            f"| family | {' | '.join(columns)} |\n|---|{'---|' * len(tasks)}"
+        )
+        for family in FAMILIES:
+            cells = [
+                f"{row['only_warm_right']} / {row['only_scratch_right']}, p = {row['mcnemar_p']:.2g}"
+                for row in (paired[task][family] for task in tasks)
+            ]
+            table += f"\n| {family} | " + " | ".join(cells) + " |"
     if seq2seq:
         scores = {
             # `run_summarization.py` reports ROUGE in percent.
@@ -604,29 +756,7 @@ def write_table() -> str:
             "\n\nBERT2BERT (`--seq2seq`, dense), CNN/DM validation stories, ROUGE-1 / 2 / L: warm-started "
             f"{scores['warm']}, from scratch {scores['scratch']}."
         )
-    if cont:
-        _plot_curves(cont)
-    if convert:
-        for readme in (ROOT / "README.md", ROOT / RESULTS / "README.md"):
-            replace_table(readme, table)
-        _write_cards(convert, cont, sst2, imdb)
     return table
-
-
-#: The README, the results folder's README and every family's card (`model_cards/<name>.md`; each holds its own
-#: row and dense's) keep the table between these markers.
-CARD_NAMES = {"dense_transformer": "dense"}
-TABLE_BEGIN = "<!-- warm-start table: written by `python scripts/warm_start_evidence.py table` -->"
-TABLE_END = "<!-- end of warm-start table -->"
-
-
-def replace_table(path: Path, table: str) -> None:
-    """Put `table` between the markers in `path` (a file without them is an error: the table has no place)."""
-    text = path.read_text(encoding="utf-8")
-    if TABLE_BEGIN not in text or TABLE_END not in text:
-        raise ValueError(f"{path} has no warm-start table markers ({TABLE_BEGIN!r} ... {TABLE_END!r})")
-    head, rest = text.split(TABLE_BEGIN, 1)
-    path.write_text(head + TABLE_BEGIN + "\n" + table + "\n" + TABLE_END + rest.split(TABLE_END, 1)[1], "utf-8")
 
 
 def _percent_pair(result: dict[str, Any], family: str) -> str:
@@ -635,35 +765,34 @@ def _percent_pair(result: dict[str, Any], family: str) -> str:
     return " / ".join(f"{100 * result[family][start]['eval_accuracy']:.1f}" for start in ("warm", "scratch"))
 
 
-def _write_cards(convert: dict, cont: dict, sst2: dict, imdb: dict) -> None:
-    """Replace the warm-start table in every family's card: the family's row, then dense's for comparison."""
+def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict) -> str:
+    """A card's table: the family's row, then dense's for comparison, and the budgets."""
     header = (
         "| model | MLM loss @128 after conversion to 2048 positions | MLM loss @2048, "
         f"{CONTINUE['steps']} continued steps | SST-2 accuracy (%), warm / scratch | IMDB@{IMDB['length']}, "
         f"{IMDB['steps']} steps (%), warm / scratch |\n|---|---|---|---|---|"
     )
 
-    def row(family: str) -> str:
-        curve = _curve(cont.get(family, {}))
+    def row(name: str) -> str:
+        curve = _curve(cont.get(name, {}))
         continued = f"{curve[0][1]:.3f} → {curve[-1][1]:.3f}" if curve else "–"
-        loss = convert.get(f"{family}-2048", {}).get("eval_128", {}).get("eval_loss")
-        accuracies = f"{_percent_pair(sst2, family)} | {_percent_pair(imdb, family)}"
-        return f"| {family} | {_cell(loss)} | {continued} | {accuracies} |"
+        loss = convert.get(f"{name}-2048", {}).get("eval_128", {}).get("eval_loss")
+        accuracies = f"{_percent_pair(sst2, name)} | {_percent_pair(imdb, name)}"
+        return f"| {name} | {_cell(loss)} | {continued} | {accuracies} |"
 
     def majority(result: dict[str, Any]) -> str:
         return f", majority class {100 * result['majority_class']:.1f}%" if "majority_class" in result else ""
 
     source = convert["source"]["eval_128"]["eval_loss"]
+    shown, dev = IMDB["eval_samples"], IMDB["dev"]
+    evaluated = f"the first {shown} of {dev}" if shown < dev else f"the {dev}"
     note = (
         f"Source MLM loss at 128 tokens: {source:.3f}. SST-2: {SST2['steps']} steps of batch {SST2['batch']}, "
         f"{SST2['dev']} held-back sentences{majority(sst2)}; IMDB: {IMDB['steps']} steps of batch {IMDB['batch']}, "
-        f"the first {IMDB['eval_samples']} of {IMDB['dev']} held-back reviews{majority(imdb)}."
+        f"{evaluated} held-back reviews{majority(imdb)}."
     )
-    for family in FAMILIES:
-        rows = [row(family)] + ([row("dense_transformer")] if family != "dense_transformer" else [])
-        replace_table(
-            ROOT / "model_cards" / f"{CARD_NAMES.get(family, family)}.md", "\n".join([header, *rows, "", note])
-        )
+    rows = [row(family)] + ([row("dense_transformer")] if family != "dense_transformer" else [])
+    return "\n".join([header, *rows, "", note])
 
 
 def _curve(record: dict[str, Any]) -> list[list[float]]:
@@ -703,6 +832,7 @@ STEPS = {
     "sst2": step_sst2,
     "imdb": step_imdb,
     "seq2seq": step_seq2seq,
+    "paired": step_paired,
 }
 
 
@@ -717,7 +847,8 @@ def main(argv: list[str] | None = None) -> None:
         print(write_table())
         return
     started = _commit()
-    result = {"ran_on": started, **STEPS[args.step]()}
+    # Programs run side by side (`--jobs`) share the two cores: their wall times do not compare with serial ones.
+    result = {"ran_on": started, "jobs": JOBS, **STEPS[args.step]()}
     (ROOT / RESULTS).mkdir(parents=True, exist_ok=True)
     (ROOT / RESULTS / f"{args.step}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
