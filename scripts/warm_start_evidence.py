@@ -791,6 +791,15 @@ def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict) 
         f"{SST2['dev']} held-back sentences{majority(sst2)}; IMDB: {IMDB['steps']} steps of batch {IMDB['batch']}, "
         f"{evaluated} held-back reviews{majority(imdb)}."
     )
+    paired = _load("paired")
+    names = {"sst2": "SST-2", "imdb": "IMDB"}
+    tests = [
+        f"{names[task]} {row['only_warm_right']} against {row['only_scratch_right']} (exact McNemar p = "
+        f"{row['mcnemar_p']:.2g})"
+        for task, row in ((task, paired[task][family]) for task in names if task in paired)
+    ]
+    if tests:
+        note += f" Held-back examples only the warm start / only the scratch model gets right: {'; '.join(tests)}."
     rows = [row(family)] + ([row("dense_transformer")] if family != "dense_transformer" else [])
     return "\n".join([header, *rows, "", note])
 
