@@ -92,6 +92,9 @@ IMDB = {
     "learning_rate": "2e-4",
     "eval_batch": 8,
 }
+#: The classification tasks: their names in the tables and the text column of their TSV files.
+TASK_NAMES = {"sst2": "SST-2", "imdb": "IMDB"}
+TEXT_COLUMNS = {"sst2": "sentence", "imdb": "text"}
 SEQ2SEQ = {"steps": 100, "batch": 2, "source_length": 512, "target_length": 64, "learning_rate": "2e-4"}
 
 
@@ -171,9 +174,7 @@ def prepare_corpus() -> dict[str, int]:
 
 def _split_table(source: Path, name: str, train_rows: int, dev_rows: int) -> dict[str, Any]:
     """A seeded shuffle of a labelled TSV into our own train and dev files (disjoint rows)."""
-    with open(source, encoding="utf-8", newline="") as handle:
-        rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    header, rows = rows[0], rows[1:]
+    header, *rows = _read_tsv(source)
     random.Random(0).shuffle(rows)
     dev, train = rows[:dev_rows], rows[dev_rows : dev_rows + train_rows]
     for split, part in (("train", train), ("dev", dev)):
@@ -182,6 +183,12 @@ def _split_table(source: Path, name: str, train_rows: int, dev_rows: int) -> dic
         (ROOT / WORK / "data" / f"{name}_{split}.tsv").write_text("".join(lines), encoding="utf-8")
     labels = {split: _label_counts(part) for split, part in (("train", train), ("dev", dev))}
     return {"source": str(source), "rows": len(rows), "train": len(train), "dev": len(dev), "labels": labels}
+
+
+def _read_tsv(path: Path) -> list[list[str]]:
+    """Rows of a TSV file, header first, read without quoting (no field of ours holds a tab or a newline)."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        return list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
 def _label_counts(rows: list[list[str]]) -> dict[str, int]:
@@ -461,17 +468,25 @@ def _continuer(family: str) -> Callable[[], dict[str, Any]]:
     return continue_pretraining
 
 
-def _finetune(name: str, output: Path, model: list[str], data: dict[str, Any], files: tuple[Path, Path]) -> dict:
-    command = [
-        "scripts/run_glue.py", *model,
-        "--train_file", str(files[0]),
-        "--validation_file", str(files[1]),
-        "--text_column", data["text_column"],
+def _evaluation_flags(task: str, data: dict[str, Any]) -> list[str]:
+    """`run_glue.py`'s data flags for the held-back examples: the same examples, truncation and batching wherever
+    a model of the task is evaluated."""
+    return [
+        "--validation_file", str(WORK / "data" / f"{task}_dev.tsv"),
+        "--text_column", TEXT_COLUMNS[task],
         "--label_column", "label",
         "--max_seq_length", str(data["length"]),
-        "--per_device_train_batch_size", str(data["batch"]),
         "--per_device_eval_batch_size", str(data["eval_batch"]),
         *(["--max_eval_samples", str(data["eval_samples"])] if "eval_samples" in data else []),
+    ]  # fmt: skip
+
+
+def _finetune(name: str, output: Path, model: list[str], task: str, data: dict[str, Any]) -> dict:
+    command = [
+        "scripts/run_glue.py", *model,
+        "--train_file", str(WORK / "data" / f"{task}_train.tsv"),
+        *_evaluation_flags(task, data),
+        "--per_device_train_batch_size", str(data["batch"]),
         "--max_steps", str(data["steps"]),
         "--learning_rate", data["learning_rate"],
         "--warmup_steps", "0.1",
@@ -487,10 +502,8 @@ def _finetune(name: str, output: Path, model: list[str], data: dict[str, Any], f
 
 
 def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str) -> dict[str, Any]:
-    files = (WORK / "data" / f"{task}_train.tsv", WORK / "data" / f"{task}_dev.tsv")
-    results: dict[str, Any] = {"budget": {key: value for key, value in data.items() if key != "text_column"}}
-    with open(ROOT / files[1], encoding="utf-8", newline="") as handle:
-        evaluated = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))[1:][: data.get("eval_samples")]
+    results: dict[str, Any] = {"budget": data}
+    evaluated = _read_tsv(ROOT / WORK / "data" / f"{task}_dev.tsv")[1:][: data.get("eval_samples")]
     results["majority_class"] = max(_label_counts(evaluated).values()) / len(evaluated)
     tasks = {}
     for family in FAMILIES:
@@ -502,7 +515,7 @@ def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str) -> dict[
         for start, model in starts.items():
             name, output = f"{task}-{family}-{start}", WORK / task / f"{family}-{start}"
             tasks[f"{family}/{start}"] = lambda name=name, output=output, model=model: _finetune(
-                name, output, model, data, files
+                name, output, model, task, data
             )
     for key, record in in_parallel(tasks).items():
         family, start = key.split("/")
@@ -512,12 +525,12 @@ def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str) -> dict[
 
 def step_sst2() -> dict[str, Any]:
     """Warm: the conversion at 512 positions; scratch: the same architecture freshly initialised."""
-    return _warm_vs_scratch("sst2", {**SST2, "text_column": "sentence"}, "converted/{family}-512")
+    return _warm_vs_scratch("sst2", SST2, "converted/{family}-512")
 
 
 def step_imdb() -> dict[str, Any]:
     """Warm: the conversion at 2048 after continued pretraining; scratch: the same architecture fresh."""
-    return _warm_vs_scratch("imdb", {**IMDB, "text_column": "text"}, "continue/{family}")
+    return _warm_vs_scratch("imdb", IMDB, "continue/{family}")
 
 
 PREDICTIONS = "eval_predictions.tsv"  # written by `run_glue.py` beside the metrics
@@ -532,12 +545,7 @@ def _predictions(task: str, data: dict[str, Any], name: str) -> list[tuple[str, 
         command = [
             "scripts/run_glue.py",
             "--model_name_or_path", str(WORK / task / name),
-            "--validation_file", str(WORK / "data" / f"{task}_dev.tsv"),
-            "--text_column", data["text_column"],
-            "--label_column", "label",
-            "--max_seq_length", str(data["length"]),
-            "--per_device_eval_batch_size", str(data["eval_batch"]),
-            *(["--max_eval_samples", str(data["eval_samples"])] if "eval_samples" in data else []),
+            *_evaluation_flags(task, data),
             "--output_dir", str(folder),
             *QUIET,
         ]  # fmt: skip
@@ -555,9 +563,9 @@ def mcnemar(only_first: int, only_second: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
-def _paired(task: str, text_column: str) -> dict[str, Any]:
+def _paired(task: str) -> dict[str, Any]:
     recorded = _load(task)
-    data = {**recorded["budget"], "text_column": text_column}  # the budget the runs had, not today's constants
+    data = recorded["budget"]  # the budget the runs had, not today's constants
     results: dict[str, Any] = {}
     runs = {f"{family}/{start}": (family, start) for family in FAMILIES for start in ("warm", "scratch")}
     found = in_parallel({key: (lambda f=f, s=s: _predictions(task, data, f"{f}-{s}")) for key, (f, s) in runs.items()})
@@ -585,8 +593,7 @@ def _paired(task: str, text_column: str) -> dict[str, Any]:
 
 def step_paired() -> dict[str, Any]:
     """Warm against scratch example by example on the same held-back examples (exact McNemar test), per task."""
-    tasks = {"sst2": "sentence", "imdb": "text"}
-    return {task: _paired(task, text_column) for task, text_column in tasks.items() if _load(task)}
+    return {task: _paired(task) for task in TASK_NAMES if _load(task)}
 
 
 def step_seq2seq() -> dict[str, Any]:
@@ -654,11 +661,12 @@ def _cell(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _pair(result: dict[str, Any], family: str) -> str:
+def _pair(result: dict[str, Any], family: str, percent: bool = False) -> str:
+    """Warm / scratch accuracy of a family: fractions (`0.758 / 0.728`) or percentages (`75.8 / 72.8`)."""
     if family not in result:
         return "–"
-    warm, scratch = result[family]["warm"]["eval_accuracy"], result[family]["scratch"]["eval_accuracy"]
-    return f"{warm:.3f} / {scratch:.3f}"
+    accuracies = (result[family][start]["eval_accuracy"] for start in ("warm", "scratch"))
+    return " / ".join(f"{100 * value:.1f}" if percent else f"{value:.3f}" for value in accuracies)
 
 
 def write_table() -> str:
@@ -731,10 +739,9 @@ def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict
         )
     table = "\n".join(rows)
     paired = _load("paired")
-    tasks = [task for task in ("sst2", "imdb") if task in paired]
+    tasks = [task for task in TASK_NAMES if task in paired]
     if tasks:
-        names = {"sst2": "SST-2", "imdb": "IMDB"}
-        columns = [f"{names[task]} ({paired[task][FAMILIES[0]]['examples']} examples)" for task in tasks]
+        columns = [f"{TASK_NAMES[task]} ({paired[task][FAMILIES[0]]['examples']} examples)" for task in tasks]
         table += (
             "\n\nWarm against scratch on the same held-back examples: examples only the warm start gets right / "
             "only the scratch model gets right, exact McNemar p.\n\n"
@@ -759,12 +766,6 @@ def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict
     return table
 
 
-def _percent_pair(result: dict[str, Any], family: str) -> str:
-    if family not in result:
-        return "–"
-    return " / ".join(f"{100 * result[family][start]['eval_accuracy']:.1f}" for start in ("warm", "scratch"))
-
-
 def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict) -> str:
     """A card's table: the family's row, then dense's for comparison, and the budgets."""
     header = (
@@ -777,7 +778,7 @@ def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict) 
         curve = _curve(cont.get(name, {}))
         continued = f"{curve[0][1]:.3f} → {curve[-1][1]:.3f}" if curve else "–"
         loss = convert.get(f"{name}-2048", {}).get("eval_128", {}).get("eval_loss")
-        accuracies = f"{_percent_pair(sst2, name)} | {_percent_pair(imdb, name)}"
+        accuracies = f"{_pair(sst2, name, percent=True)} | {_pair(imdb, name, percent=True)}"
         return f"| {name} | {_cell(loss)} | {continued} | {accuracies} |"
 
     def majority(result: dict[str, Any]) -> str:
@@ -792,11 +793,10 @@ def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict) 
         f"{evaluated} held-back reviews{majority(imdb)}."
     )
     paired = _load("paired")
-    names = {"sst2": "SST-2", "imdb": "IMDB"}
     tests = [
-        f"{names[task]} {row['only_warm_right']} against {row['only_scratch_right']} (exact McNemar p = "
+        f"{TASK_NAMES[task]} {row['only_warm_right']} against {row['only_scratch_right']} (exact McNemar p = "
         f"{row['mcnemar_p']:.2g})"
-        for task, row in ((task, paired[task][family]) for task in names if task in paired)
+        for task, row in ((task, paired[task][family]) for task in TASK_NAMES if task in paired)
     ]
     if tests:
         note += f" Held-back examples only the warm start / only the scratch model gets right: {'; '.join(tests)}."
