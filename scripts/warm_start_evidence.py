@@ -210,10 +210,15 @@ def _commit() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "uncommitted_changes": bool(git("status", "--porcelain", "models"))}
 
 
+def shell_command(command: list[str], threads: int = 1) -> str:
+    """How a program's run is recorded: a command line to paste at the repository root."""
+    return f"OMP_NUM_THREADS={threads} python " + " ".join(command)
+
+
 def run(name: str, command: list[str], output_dir: Path | None = None, threads: int = 1) -> dict[str, Any]:
     """Run one program on `threads` threads, logging to `logs/<name>.log`; returns the command and its wall time. A
     run whose `output_dir` already holds `metrics.json` is not repeated."""
-    record: dict[str, Any] = {"command": f"OMP_NUM_THREADS={threads} python " + " ".join(command)}
+    record: dict[str, Any] = {"command": shell_command(command, threads)}
     if output_dir is not None and (ROOT / output_dir / "metrics.json").is_file():
         return {**record, "reused": True}
     logs = ROOT / WORK / "logs"
@@ -270,7 +275,7 @@ def step_data() -> dict[str, Any]:
     command = ["scripts/train_tokenizer.py", "--files", str(MLM_TRAIN), "--vocab_size", "8000", "--output_dir",
                str(WORK / "tokenizer")]  # fmt: skip
     if (ROOT / WORK / "tokenizer" / "tokenizer.json").is_file():
-        tokenizer = {"command": "OMP_NUM_THREADS=1 python " + " ".join(command), "reused": True}
+        tokenizer = {"command": shell_command(command), "reused": True}
     else:
         tokenizer = run("tokenizer", command)
     sst2 = _split_table(DATA / "glue" / "SST-2" / "train.tsv", "sst2", SST2["train"], SST2["dev"])
@@ -403,7 +408,7 @@ def _converter(family: str, length: int) -> Callable[[], dict[str, Any]]:
             "--max_position_embeddings", str(length),
             "--output_dir", str(output),
         ]  # fmt: skip
-        record = {"command": "OMP_NUM_THREADS=1 python " + " ".join(command)}
+        record = {"command": shell_command(command)}
         if not (ROOT / output / "conversion_report.json").is_file():
             record = run(f"convert-{family}-{length}", command)
         report = json.loads((ROOT / output / "conversion_report.json").read_text(encoding="utf-8"))
