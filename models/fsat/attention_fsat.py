@@ -208,9 +208,15 @@ class FSATAttention(ZooAttention):
             weight, bias = self.index_predictor.weight.float(), self.index_predictor.bias.float()
             logits = F.linear(cross.float(), weight, bias).view(B, N, -1, self.num_predicted).transpose(1, 2)
         if self.config.index_scale == "max_length":
-            scale = float(self.config.fsat_index_length)
+            scale = torch.full((B, 1, 1, 1), float(self.config.fsat_index_length), device=cross.device)
         else:
             scale = lengths.to(torch.float32).view(B, 1, 1, 1)
+        if self.config.index_prior == "key_position":
+            # Centre key j's predictions on j itself: sigmoid(logit(p)) * L = p * L = j + 0.5 when the learnt part is
+            # zero. Keys past the scale (padding, or beyond L_max) are clamped; their edges are dropped anyway.
+            centre = (torch.arange(N, device=cross.device, dtype=torch.float32).view(1, 1, N, 1) + 0.5) / scale
+            eps = torch.finfo(torch.float32).eps
+            logits = logits + torch.logit(centre.clamp(eps, 1.0 - eps))  # (B, H', N, M)
         return torch.sigmoid(logits).expand(B, self.num_heads, N, self.num_predicted) * scale
 
     def select_edges(self, mean: torch.Tensor, valid: torch.Tensor) -> FSATEdges:

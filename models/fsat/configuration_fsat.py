@@ -3,6 +3,8 @@
 # No `from __future__ import annotations`: huggingface_hub's @strict checks field types only when the annotations
 # are real types, not strings.
 
+from typing import Any
+
 from huggingface_hub.dataclasses import strict
 from transformers.activations import ACT2FN
 
@@ -10,6 +12,7 @@ from ..core.configuration import SparseZooConfig
 
 FEATURE_MAPS = ("mlp", "dsconv")
 INDEX_SCALES = ("max_length", "sequence_length")
+INDEX_PRIORS = ("none", "key_position")
 
 
 @strict
@@ -63,6 +66,13 @@ class FSATConfig(SparseZooConfig):
             sigmoid starts at 0.5, so near `L_max / 2`): those edges are dropped and its queries attend to nothing.
         index_max_length (`int`, *optional*):
             `L_max`, the task's longest sequence; defaults to `max_position_embeddings`.
+        index_prior (`str`, *optional*, defaults to `"key_position"`):
+            Fixed offset of the predictor's logits. `"key_position"` (ours, the default):
+            `I_bar_j = sigmoid(C_j W_I + b_I + logit((j + 0.5) / L)) * L`, so that while the weights are small key `j`
+            predicts queries around itself; the predictor learns offsets from there, over the same range `(0, L)`.
+            `"none"` is the paper's `sigmoid(C W_I + b_I) * L`, whose untrained predictions all sit near `L / 2`: in a
+            2048-token input only about a quarter of the queries get a predicted edge, and the first token none (see
+            the model card, "Long inputs").
         shared_index_predictor (`bool`, *optional*, defaults to `False`):
             Predict one index set per key shared by all heads (`W_I` of shape `D x M`, the paper's printed shape)
             instead of one per head (`D x H*M`).
@@ -91,7 +101,16 @@ class FSATConfig(SparseZooConfig):
     use_sparse: bool = True
     index_scale: str = "sequence_length"
     index_max_length: int | None = None
+    index_prior: str = "key_position"
     shared_index_predictor: bool = False
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
+        """Keeps FSAT checkpoints saved before `index_prior` existed as they were trained: with the paper's `"none"`
+        (a saved config records `transformers_version`; a hand-written dict gets the default)."""
+        if "transformers_version" in config_dict and "index_prior" not in config_dict:
+            config_dict = {**config_dict, "index_prior": "none"}
+        return super().from_dict(config_dict, **kwargs)
 
     def check_zoo_fields(self) -> None:
         super().check_zoo_fields()
@@ -116,6 +135,8 @@ class FSATConfig(SparseZooConfig):
             raise ValueError(f"`feature_map_act` {self.feature_map_act!r} is not a known activation (see ACT2FN).")
         if self.index_scale not in INDEX_SCALES:
             raise ValueError(f"`index_scale` must be one of {INDEX_SCALES}, got {self.index_scale!r}.")
+        if self.index_prior not in INDEX_PRIORS:
+            raise ValueError(f"`index_prior` must be one of {INDEX_PRIORS}, got {self.index_prior!r}.")
         if self.index_max_length is not None and self.index_max_length < 1:
             raise ValueError(f"`index_max_length` must be a positive integer or None, got {self.index_max_length}.")
 

@@ -193,8 +193,67 @@ def test_predicted_indices_stay_in_range_and_no_edge_touches_padding():
         assert bool(flat_valid[edges.rows].all()) and bool(flat_valid[edges.cols].all())
 
 
+@pytest.mark.parametrize("scale", ["max_length", "sequence_length"])
+def test_key_position_prior_centres_each_key_on_itself_and_keeps_the_range(scale):
+    module = attention(index_scale=scale, index_max_length=N, index_prior="key_position").train()
+    x, valid = torch.randn(B, N, D), padded_valid()
+    cross = module.pooled_cross(x, valid)
+    lengths = valid.sum(-1)
+    mean = module.predict_indices(cross, lengths)
+    limit = N if scale == "max_length" else lengths.view(B, 1, 1, 1)
+    assert bool((mean > 0).all()) and bool((mean < limit).all())
+    # The prior is a fixed logit offset: the same as the paper's prediction with logit((j + 0.5) / L) added.
+    plain = FSATAttention(small_config(index_scale=scale, index_max_length=N, index_prior="none"))
+    plain.load_state_dict(module.state_dict())
+    paper = plain.predict_indices(cross, lengths)  # (B, H, N, M)
+    scale_value = torch.full((B, 1, 1, 1), float(N)) if scale == "max_length" else lengths.view(B, 1, 1, 1).float()
+    centre = ((torch.arange(N).view(1, 1, N, 1) + 0.5) / scale_value).clamp(1e-6, 1 - 1e-6)
+    expected = torch.sigmoid(torch.logit(paper / scale_value) + torch.logit(centre)) * scale_value
+    real = valid.view(B, 1, N, 1).expand_as(mean)
+    torch.testing.assert_close(mean[real], expected[real], rtol=1e-4, atol=1e-4)
+    # With a zero predictor every real key predicts exactly itself (floor(j + 0.5) = j).
+    torch.nn.init.zeros_(module.index_predictor.weight)
+    torch.nn.init.zeros_(module.index_predictor.bias)
+    index = module.predict_indices(cross, lengths).floor()
+    positions = torch.arange(N, dtype=index.dtype).view(1, 1, N, 1).expand_as(index)
+    assert torch.equal(index[real], positions[real])
+
+
+def test_checkpoints_saved_before_the_index_prior_keep_the_papers_predictor(tmp_path):
+    import json
+
+    FSATConfig().save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    assert saved["index_prior"] == "key_position" and "transformers_version" in saved
+    del saved["index_prior"]
+    path.write_text(json.dumps(saved))
+    assert FSATConfig.from_pretrained(tmp_path).index_prior == "none"
+    assert FSATConfig.from_pretrained(tmp_path, index_prior="key_position").index_prior == "key_position"
+    # a hand-written dict (no transformers_version) gets the default
+    assert FSATConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4}).index_prior == "key_position"
+
+
+def test_key_position_prior_lets_every_query_receive_predicted_edges_at_initialisation():
+    """The paper's untrained predictor sends every key's edges to the middle of the sequence; the prior does not."""
+    torch.manual_seed(0)
+    length = 512
+    covered = {}
+    for prior in ("none", "key_position"):
+        config = small_config(hidden_size=64, max_position_embeddings=length, index_prior=prior)
+        module = FSATAttention(config).eval()
+        module.apply(FSATModel(config)._init_weights)  # the model's own initialisation
+        x, valid = torch.randn(1, length, 64), torch.ones(1, length, dtype=torch.bool)
+        mean = module.predict_indices(module.pooled_cross(x, valid), valid.sum(-1))
+        edges = module.select_edges(mean, valid)
+        hit = torch.zeros(module.num_heads * length, dtype=torch.bool)
+        hit[edges.rows] = True
+        covered[prior] = hit.float().mean().item()
+    assert covered["none"] < 0.5 < 0.9 < covered["key_position"], covered
+
+
 def test_queries_without_edges_output_exact_zeros():
-    module = attention().eval()
+    module = attention(index_prior="none").eval()
     x, valid = torch.randn(B, N, D), padded_valid()
     cross = module.pooled_cross(x, valid)
     edges = module.select_edges(module.predict_indices(cross, valid.sum(-1)), valid)
@@ -291,6 +350,7 @@ def test_fsat_cannot_be_causal_or_cross_attention():
         ("feature_map_act", "nope"),
         ("index_scale", "padded_length"),
         ("index_max_length", 0),
+        ("index_prior", "query_position"),
     ],
 )
 def test_bad_fsat_fields_raise_value_error_naming_the_field(field, value):
@@ -303,6 +363,7 @@ def test_defaults_follow_the_paper():
     assert config.num_dominant_indices == 4 and config.gradient_truncation and config.use_sparse
     # ours, each with its measurement in the model card: unnormalised confidences and sequence-length scaling
     assert not config.confidence_normalized and config.index_scale == "sequence_length"
+    assert config.index_prior == "key_position"
     assert config.intermediate_size == 2 * config.hidden_size
     assert config.fsat_confidence_variance == config.max_position_embeddings == config.fsat_index_length
     for size in ("tiny", "small", "base"):
