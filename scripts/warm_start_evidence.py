@@ -19,8 +19,10 @@ interrupted step resumes where it stopped. Run the steps in this order:
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py paired    # warm vs scratch per example (McNemar)
     python scripts/warm_start_evidence.py table                       # tables (READMEs, cards), plot
 
-`--jobs 2` runs two programs at a time (one thread each) in the steps that run one per family. Models and data go to
-`outputs/warm-start/` (git-ignored). Budgets are the constants below.
+`--jobs 2` runs two programs at a time (one thread each) in the steps that run one per family. `--families fsat`
+reruns a step for some families only (after a change to their code: move their output folders away first); their
+records replace the earlier ones in the step's JSON, each stamped with the commit it ran on, and every other record
+stays. Models and data go to `outputs/warm-start/` (git-ignored). Budgets are the constants below.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ DATA = Path(os.environ.get("ATTNZOO_SHARED_DATA", "/work/shared/data"))
 # Relative to the repository root (the programs run there), so the recorded commands can be pasted as they are.
 WORK = Path("outputs") / "warm-start"
 RESULTS = Path("scripts") / "results" / "warm-start"
-FAMILIES = ("dense_transformer", "smart_bird", "a2former", "sparse_transformer", "fsat", "sbm")
+ALL_FAMILIES = ("dense_transformer", "smart_bird", "a2former", "sparse_transformer", "fsat", "sbm")
+#: The families a step runs (`--families`; all by default).
+FAMILIES = ALL_FAMILIES
 LENGTHS = (512, 2048)
 #: Fraction of each MLM corpus (by document, from the end) held back as validation text.
 HOLD_OUT = 0.1
@@ -707,7 +711,7 @@ def tables() -> dict[Path, str]:
         return {}
     table = _main_table(convert, cont, sst2, imdb, seq2seq)
     placed = {ROOT / "README.md": table, ROOT / RESULTS / "README.md": table}
-    for family in FAMILIES:
+    for family in ALL_FAMILIES:
         placed[ROOT / "model_cards" / f"{CARD_NAMES.get(family, family)}.md"] = _card_table(
             family, convert, cont, sst2, imdb
         )
@@ -729,7 +733,7 @@ def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict
     unigram = convert["source"].get("unigram_cross_entropy")
     if unigram is not None:
         rows.append(f"| no context (training-text token frequencies) | {unigram:.3f} | – | – | – |")
-    for family in FAMILIES:
+    for family in ALL_FAMILIES:
         losses = [convert.get(f"{family}-{length}", {}).get("eval_128", {}).get("eval_loss") for length in LENGTHS]
         curve = _curve(cont.get(family, {}))
         if curve:
@@ -746,13 +750,13 @@ def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict
     paired = _load("paired")
     tasks = [task for task in TASK_NAMES if task in paired]
     if tasks:
-        columns = [f"{TASK_NAMES[task]} ({paired[task][FAMILIES[0]]['examples']} examples)" for task in tasks]
+        columns = [f"{TASK_NAMES[task]} ({paired[task][ALL_FAMILIES[0]]['examples']} examples)" for task in tasks]
         table += (
             "\n\nWarm against scratch on the same held-back examples: examples only the warm start gets right / "
             "only the scratch model gets right, exact McNemar p.\n\n"
             f"| family | {' | '.join(columns)} |\n|---|{'---|' * len(tasks)}"
         )
-        for family in FAMILIES:
+        for family in ALL_FAMILIES:
             cells = [
                 f"{row['only_warm_right']} / {row['only_scratch_right']}, p = {row['mcnemar_p']:.2g}"
                 for row in (paired[task][family] for task in tasks)
@@ -823,7 +827,7 @@ def _plot_curves(cont: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.5, 4))
-    for family in FAMILIES:
+    for family in ALL_FAMILIES:
         if family in cont:
             axis.plot(*zip(*_curve(cont[family]), strict=True), marker="o", label=family)
     source = cont.get("source_eval_512", {}).get("eval_loss")
@@ -850,19 +854,55 @@ STEPS = {
 }
 
 
+def _family_of(key: str) -> str | None:
+    """The family a step's record belongs to (`fsat`, `fsat-512`), or None for shared records (budget, source)."""
+    for family in ALL_FAMILIES:
+        if key == family or key.startswith(f"{family}-"):
+            return family
+    return None
+
+
+def merge_rerun(previous: dict[str, Any], rerun: dict[str, Any], stamp: dict[str, Any]) -> dict[str, Any]:
+    """A step rerun for some families folded into its earlier result: each rerun family record replaces the earlier
+    one whole, stamped (`rerun`) with the commit and jobs it ran with; shared records keep their earlier form (a rerun
+    only reuses them), except a budget that differs, which is refused: the families would not compare any more."""
+    merged = dict(previous)
+    for key, value in rerun.items():
+        if _family_of(key):
+            merged[key] = {**value, "rerun": stamp}
+        elif isinstance(value, dict) and any(_family_of(inner) for inner in value):
+            merged[key] = merge_rerun(previous.get(key, {}), value, stamp)  # `paired`: one level per task
+        elif key == "budget" and key in previous and previous[key] != value:
+            raise ValueError(f"the budget changed since the recorded run ({previous[key]} -> {value}): rerun all")
+        elif key not in previous:
+            merged[key] = value
+    return merged
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("step", choices=[*STEPS, "table"])
     parser.add_argument("--jobs", type=int, default=1, help="programs run at once, one thread each (default 1)")
+    parser.add_argument(
+        "--families", nargs="+", choices=ALL_FAMILIES, help="rerun the step for these families only (default: all)"
+    )
     args = parser.parse_args(argv)
-    global JOBS
+    global JOBS, FAMILIES
     JOBS = args.jobs
     if args.step == "table":
         print(write_table())
         return
     started = _commit()
-    # Programs run side by side (`--jobs`) share the two cores: their wall times do not compare with serial ones.
-    result = {"ran_on": started, "jobs": JOBS, **STEPS[args.step]()}
+    path = ROOT / RESULTS / f"{args.step}.json"
+    if args.families:
+        if not path.is_file():
+            raise SystemExit(f"{path} does not exist: run the step for every family first")
+        FAMILIES = tuple(family for family in ALL_FAMILIES if family in args.families)
+        rerun = STEPS[args.step]()
+        result = merge_rerun(json.loads(path.read_text(encoding="utf-8")), rerun, {**started, "jobs": JOBS})
+    else:
+        # Programs run side by side (`--jobs`) share the two cores: their wall times do not compare with serial ones.
+        result = {"ran_on": started, "jobs": JOBS, **STEPS[args.step]()}
     (ROOT / RESULTS).mkdir(parents=True, exist_ok=True)
     (ROOT / RESULTS / f"{args.step}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))

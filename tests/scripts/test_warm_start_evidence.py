@@ -20,7 +20,7 @@ def test_committed_tables_are_the_ones_the_results_give(evidence):
     placed = evidence.tables()
     assert placed, "scripts/results/warm-start/convert.json is missing: the READMEs' tables have no source"
     cards = {path for path in placed if path.parent.name == "model_cards"}
-    assert len(cards) == len(evidence.FAMILIES)
+    assert len(cards) == len(evidence.ALL_FAMILIES)
     for path, table in placed.items():
         text = path.read_text(encoding="utf-8")
         assert evidence.with_table(text, table, path) == text, f"{path}: run `warm_start_evidence.py table`"
@@ -58,3 +58,30 @@ def test_mcnemar_is_the_exact_two_sided_binomial_tail(evidence):
     assert evidence.mcnemar(10, 0) == pytest.approx(2 / 2**10)  # all ten discordant examples on one side
     assert evidence.mcnemar(3, 7) == evidence.mcnemar(7, 3) == pytest.approx(2 * (1 + 10 + 45 + 120) / 2**10)
     assert evidence.mcnemar(5, 5) == 1.0  # an even split is no evidence either way (the tail is capped at 1)
+
+
+def test_a_rerun_for_some_families_replaces_their_records_and_keeps_the_others(evidence):
+    previous = {
+        "ran_on": {"commit": "a"},
+        "budget": {"steps": 60},
+        "source": {"eval_128": {"seconds": 3.0}},
+        "fsat-512": {"eval_128": {"eval_loss": 6.6}, "note": "old"},
+        "sbm-512": {"eval_128": {"eval_loss": 5.8}},
+    }
+    rerun = {
+        "budget": {"steps": 60},
+        "source": {"eval_128": {"reused": True}},
+        "fsat-512": {"eval_128": {"eval_loss": 6.1}},
+    }
+    merged = evidence.merge_rerun(previous, rerun, {"commit": "b", "jobs": 2})
+    # the rerun family's record is replaced whole (no stale field survives) and says where it ran
+    assert merged["fsat-512"] == {"eval_128": {"eval_loss": 6.1}, "rerun": {"commit": "b", "jobs": 2}}
+    # the other families and the shared records (which the rerun only reused) are kept as they were
+    assert merged["sbm-512"] == previous["sbm-512"] and merged["source"] == previous["source"]
+    assert merged["ran_on"] == {"commit": "a"}
+    # per-task results (`paired`) are merged one level down
+    paired = {"sst2": {"sbm": {"p": 0.1}, "fsat": {"p": 0.7}}}
+    nested = evidence.merge_rerun(paired, {"sst2": {"fsat": {"p": 0.2}}}, {"commit": "b"})
+    assert nested == {"sst2": {"sbm": {"p": 0.1}, "fsat": {"p": 0.2, "rerun": {"commit": "b"}}}}
+    with pytest.raises(ValueError, match="budget changed"):
+        evidence.merge_rerun(previous, {"budget": {"steps": 120}}, {"commit": "b"})
