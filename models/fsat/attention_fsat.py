@@ -67,14 +67,20 @@ def antidiagonal_sums(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
         f1, f2 (`torch.Tensor` of shape `(B, N, D)`): mapped sequences (zeros at padded positions).
 
     Returns:
-        `torch.Tensor` of shape `(B, 2N-1, D)` in fp32 (computed with autocast disabled).
+        `torch.Tensor` of shape `(B, 2N-1, D)` in fp32, or fp64 for fp64 inputs (computed with autocast disabled).
     """
     length = f1.shape[1]
     # A power of two >= 2N keeps pocketfft/cuFFT on their fast paths and avoids circular wrap-around.
     n_fft = 1 << (2 * length - 1).bit_length()
     with torch.autocast(device_type=f1.device.type, enabled=False):
-        spectrum = torch.fft.rfft(f1.float(), n=n_fft, dim=1) * torch.fft.rfft(f2.float(), n=n_fft, dim=1)
-        return torch.fft.irfft(spectrum, n=n_fft, dim=1)[:, : 2 * length - 1]
+        f1_hat = torch.fft.rfft(_at_least_fp32(f1), n=n_fft, dim=1)
+        f2_hat = torch.fft.rfft(_at_least_fp32(f2), n=n_fft, dim=1)
+        return torch.fft.irfft(f1_hat * f2_hat, n=n_fft, dim=1)[:, : 2 * length - 1]
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Half precision goes up to fp32 (FFT round-off); fp32 and fp64 stay as they are."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def central_token_merge(c0: torch.Tensor, f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
@@ -89,7 +95,7 @@ def central_token_merge(c0: torch.Tensor, f1: torch.Tensor, f2: torch.Tensor) ->
     """
     even = c0[:, 0::2]  # (B, N, D): centre on token t
     odd = F.pad(c0[:, 1::2], (0, 0, 0, 1))  # (B, N, D): centre between t and t+1, none after the last token
-    return even + odd - f1.float() * f2.float()
+    return even + odd - _at_least_fp32(f1) * _at_least_fp32(f2)
 
 
 class FeatureMap(nn.Module):

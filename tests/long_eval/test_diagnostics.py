@@ -56,6 +56,29 @@ def test_first_token_of_one_layer_reaches_exactly_the_keys_it_attends_to(task):
     assert cls_receptive_field(classifier(task, "dense_transformer"), **batch) == list(LENGTHS)
 
 
+def test_fsat_reach_ignores_the_round_off_of_its_fft(task):
+    # FSAT's first token (no global token, one layer) attends to the keys predicted for it; each such key is pooled
+    # over the pairs around its own position only. The FFT's round-off leaks tiny gradients to every other position:
+    # exact zeros in exact arithmetic, not a path. The pooled cross of key j pairs positions up to 2j + 1.
+    model = classifier(task, "fsat", num_global_tokens=0, index_prior="key_position").eval()
+    batch = padded_batch(task.vocab_size)
+    base = model.base_model
+    embeddings = base.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
+    hidden = base(inputs_embeds=embeddings, attention_mask=batch["attention_mask"]).last_hidden_state
+    (grad,) = torch.autograd.grad(hidden[:, 0].pow(2).sum(), embeddings)
+    real = batch["attention_mask"].bool()
+    assert bool(((grad.abs().sum(-1) > 0) | ~real).all())  # every real position has some gradient: round-off
+    attention = base(**batch, output_attentions=True).attentions[0]  # (B, H, N, N)
+    keys = (attention[:, :, 0, :] > 0).any(1)  # (B, N): keys with weight from query 0
+    pooled = torch.zeros_like(keys)
+    for b, j in keys.nonzero().tolist():
+        pooled[b, : 2 * j + 2] = True  # the pairs of C_j: i + i' in {2j, 2j + 1}
+    pooled[:, 0] = True
+    reach = cls_receptive_field(model, **batch)
+    assert reach == (pooled & real).sum(-1).tolist()
+    assert max(reach) < min(LENGTHS)
+
+
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_no_family_puts_attention_on_padding(task, model_type):
     model = classifier(task, model_type)

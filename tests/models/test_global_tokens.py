@@ -13,6 +13,7 @@ from attnzoo.core.global_tokens import add_global_columns, append_global_slots, 
 from attnzoo.kernels import dense_masked_attention
 from attnzoo.registry import FAMILIES
 from attnzoo.testing import load_config, probe_loss
+from attnzoo.training.long_eval.diagnostics import reached_positions
 
 SPARSE = sorted(name for name, family in FAMILIES.items() if family.attention_class.supports_global_tokens)
 N = 48
@@ -37,12 +38,13 @@ def _inputs(vocab_size: int, left_pad: bool = False):
 
 def _influence(model, ids, mask) -> torch.Tensor:
     """`(B, N, N)`: entry `[b, i, j]` is True when input position j changes output position i (one layer)."""
+    model = model.double()  # fp64, so that FSAT's FFT round-off stays far below every real path
     emb = model.get_input_embeddings()(ids).detach().requires_grad_(True)
     hidden = model(inputs_embeds=emb, attention_mask=mask).last_hidden_state
     rows = []
     for i in range(N):
         (grad,) = torch.autograd.grad(hidden[:, i].pow(2).sum(), emb, retain_graph=True)
-        rows.append(grad.abs().sum(-1) > 0)
+        rows.append(reached_positions(grad))
     return torch.stack(rows, dim=1)
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,21 +19,35 @@ import torch
 from .runner import ModelSize, RunSpec, build_classifier, collate
 from .tasks import TaskData
 
+#: A position reaches an output when its input gradient, computed in fp64, is above this fraction of the largest.
+#: Real paths through two untrained layers can be ~1e-7 of it; FSAT's pooled cross is an FFT whose round-off leaks
+#: gradients to positions that no antidiagonal of the output pairs (exact zeros in exact arithmetic): ~1e-9 of the
+#: largest in fp32, ~1e-16 in fp64.
+REACH_TOLERANCE = 1e-11
+
+
+def reached_positions(grad: torch.Tensor) -> torch.Tensor:
+    """`(B, N)` True where the fp64 input gradient `grad` `(B, N, D)` of one output per example is not round-off."""
+    if grad.dtype != torch.float64:
+        raise ValueError(f"reach needs an fp64 gradient (fp32 round-off reaches 1e-9), got {grad.dtype}")
+    norms = grad.abs().sum(-1)  # (B, N)
+    return norms > REACH_TOLERANCE * norms.amax(-1, keepdim=True)
+
 
 def cls_receptive_field(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[int]:
-    """Number of real positions that reach the first token's last hidden state, per example.
+    """Number of real positions that reach the first token's last hidden state, per example (in an fp64 copy).
 
     Args:
         model: a `<Prefix>Model` or a head whose `base_model` is one (put in eval mode here).
         input_ids / attention_mask: `(B, N)`.
     """
-    base = model.base_model
-    base.eval()
+    model.base_model.eval()
+    base = copy.deepcopy(model.base_model).double()
     embeddings = base.get_input_embeddings()(input_ids).detach().requires_grad_(True)  # (B, N, D)
     hidden = base(inputs_embeds=embeddings, attention_mask=attention_mask).last_hidden_state  # (B, N, D)
     # Summing over the batch keeps examples separate: example b's CLS state depends on example b's inputs only.
     (grad,) = torch.autograd.grad(hidden[:, 0].pow(2).sum(), embeddings)
-    reached = (grad.abs().sum(-1) > 0) & attention_mask.bool()  # (B, N)
+    reached = reached_positions(grad) & attention_mask.bool()  # (B, N)
     return reached.sum(-1).tolist()
 
 
