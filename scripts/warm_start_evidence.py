@@ -14,6 +14,7 @@ interrupted step resumes where it stopped. Run the steps in this order:
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py convert   # every family at 512 and 2048, MLM at 128
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py continue  # MLM at 2048 tokens, fixed budget
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py sst2      # warm vs scratch
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py sst2_second_seed  # the same with another seed
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py imdb      # warm (continued) vs scratch, long reviews
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py seq2seq   # BERT2BERT vs scratch, CNN/DM ROUGE
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py paired    # warm vs scratch per example (McNemar)
@@ -59,7 +60,17 @@ HOLD_OUT = 0.1
 SEED = "42"
 #: How many programs run at once (`--jobs`); each runs on one thread.
 JOBS = 1
-QUIET = ["--report_to", "none", "--disable_tqdm", "true", "--seed", SEED, "--use_cpu"]
+
+
+def quiet_flags(seed: str = SEED) -> list[str]:
+    """The flags every program gets: no reporting or progress bars, the seed, the CPU."""
+    return ["--report_to", "none", "--disable_tqdm", "true", "--seed", seed, "--use_cpu"]
+
+
+QUIET = quiet_flags()
+#: The SST-2 runs again with this seed (`sst2_second_seed`): another head initialisation and data order for the
+#: warm start, other weights for the scratch model. How far the warm/scratch gaps move says how much of them is noise.
+SECOND_SEED = "43"
 
 #: The source checkpoint: transformers' own BertForMaskedLM, 4 layers, width 256, 4 heads, 512 positions.
 SOURCE_CONFIG = {
@@ -490,7 +501,7 @@ def _evaluation_flags(task: str, data: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def _finetune(name: str, output: Path, model: list[str], task: str, data: dict[str, Any]) -> dict:
+def _finetune(name: str, output: Path, model: list[str], task: str, data: dict[str, Any], seed: str = SEED) -> dict:
     command = [
         "scripts/run_glue.py", *model,
         "--train_file", str(WORK / "data" / f"{task}_train.tsv"),
@@ -503,15 +514,16 @@ def _finetune(name: str, output: Path, model: list[str], task: str, data: dict[s
         "--logging_steps", "25",
         "--save_strategy", "no",
         "--output_dir", str(output),
-        *QUIET,
+        *quiet_flags(seed),
     ]  # fmt: skip
     record = run(name, command, output)
     metrics = metrics_of(output)["metrics"]
     return {**record, "eval_accuracy": metrics["eval_accuracy"], "eval_loss": metrics["eval_loss"]}
 
 
-def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str) -> dict[str, Any]:
-    results: dict[str, Any] = {"budget": data}
+def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str, seed: str = SEED) -> dict[str, Any]:
+    results: dict[str, Any] = {"budget": data, "seed": seed}
+    runs = task if seed == SEED else f"{task}-seed{seed}"  # the output folders of this seed's runs
     evaluated = _read_tsv(ROOT / WORK / "data" / f"{task}_dev.tsv")[1:][: data.get("eval_samples")]
     results["majority_class"] = max(_label_counts(evaluated).values()) / len(evaluated)
     tasks = {}
@@ -522,9 +534,9 @@ def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str) -> dict[
             "scratch": ["--config_path", str(checkpoint), "--tokenizer_name_or_path", str(checkpoint)],
         }
         for start, model in starts.items():
-            name, output = f"{task}-{family}-{start}", WORK / task / f"{family}-{start}"
+            name, output = f"{runs}-{family}-{start}", WORK / runs / f"{family}-{start}"
             tasks[f"{family}/{start}"] = lambda name=name, output=output, model=model: _finetune(
-                name, output, model, task, data
+                name, output, model, task, data, seed
             )
     for key, record in in_parallel(tasks).items():
         family, start = key.split("/")
@@ -535,6 +547,11 @@ def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str) -> dict[
 def step_sst2() -> dict[str, Any]:
     """Warm: the conversion at 512 positions; scratch: the same architecture freshly initialised."""
     return _warm_vs_scratch("sst2", SST2, "converted/{family}-512")
+
+
+def step_sst2_second_seed() -> dict[str, Any]:
+    """`sst2` again with `SECOND_SEED`: the same data, budget and starting checkpoints."""
+    return _warm_vs_scratch("sst2", SST2, "converted/{family}-512", seed=SECOND_SEED)
 
 
 def step_imdb() -> dict[str, Any]:
@@ -709,21 +726,23 @@ def tables() -> dict[Path, str]:
     convert, cont, sst2, imdb, seq2seq = (_load(step) for step in ("convert", "continue", "sst2", "imdb", "seq2seq"))
     if not convert:
         return {}
-    table = _main_table(convert, cont, sst2, imdb, seq2seq)
+    second = _load("sst2_second_seed")
+    table = _main_table(convert, cont, sst2, imdb, seq2seq, second)
     placed = {ROOT / "README.md": table, ROOT / RESULTS / "README.md": table}
     for family in ALL_FAMILIES:
         placed[ROOT / "model_cards" / f"{CARD_NAMES.get(family, family)}.md"] = _card_table(
-            family, convert, cont, sst2, imdb
+            family, convert, cont, sst2, imdb, second
         )
     return placed
 
 
-def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict) -> str:
+def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict, second: dict) -> str:
     dense_curve = _curve(cont.get("dense_transformer", {}))
     dense_end = dense_curve[-1][1] if dense_curve else None
+    seeds = f" (seed {SEED} / {second['seed']})" if second else ""
     rows = [
         "| family | MLM loss @128 after conversion (512 / 2048 positions) | MLM loss @2048: converted → after "
-        f"{CONTINUE['steps']} steps (vs dense) | SST-2 dev accuracy, warm / scratch "
+        f"{CONTINUE['steps']} steps (vs dense) | SST-2 dev accuracy, warm / scratch{seeds} "
         "| IMDB dev accuracy, warm / scratch |",
         "|---|---|---|---|---|",
     ]
@@ -742,8 +761,9 @@ def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict
             continued = f"{curve[0][1]:.3f} → {end:.3f}{relative}"
         else:
             continued = "–"
+        sst2_cell = _pair(sst2, family) + (f"; {_pair(second, family)}" if second else "")
         rows.append(
-            f"| {family} | {_cell(losses[0])} / {_cell(losses[1])} | {continued} | {_pair(sst2, family)} | "
+            f"| {family} | {_cell(losses[0])} / {_cell(losses[1])} | {continued} | {sst2_cell} | "
             f"{_pair(imdb, family)} |"
         )
     table = "\n".join(rows)
@@ -775,7 +795,7 @@ def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict
     return table
 
 
-def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict) -> str:
+def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict, second: dict) -> str:
     """A card's table: the family's row, then dense's for comparison, and the budgets."""
     header = (
         "| model | MLM loss @128 after conversion to 2048 positions | MLM loss @2048, "
@@ -809,6 +829,12 @@ def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict) 
     ]
     if tests:
         note += f" Held-back examples only the warm start / only the scratch model gets right: {'; '.join(tests)}."
+    if family in second:
+        dense = "" if family == "dense_transformer" else f" (dense {_pair(second, 'dense_transformer', percent=True)})"
+        note += (
+            f" SST-2 fine-tuned again with seed {second['seed']} (the table's runs: {SEED}), warm / scratch: "
+            f"{_pair(second, family, percent=True)}{dense}."
+        )
     rows = [row(family)] + ([row("dense_transformer")] if family != "dense_transformer" else [])
     return "\n".join([header, *rows, "", note])
 
@@ -848,6 +874,7 @@ STEPS = {
     "convert": step_convert,
     "continue": step_continue,
     "sst2": step_sst2,
+    "sst2_second_seed": step_sst2_second_seed,
     "imdb": step_imdb,
     "seq2seq": step_seq2seq,
     "paired": step_paired,
