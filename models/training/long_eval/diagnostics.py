@@ -1,7 +1,7 @@
 """Measurements that explain how a family reads a long input (the why behind the long-input table).
 
-- [`cls_receptive_field`]: which input positions can change the pooled token's final state at all, found exactly by
-  autograd (the positions whose embedding gradient is non-zero), in eval mode.
+- [`cls_receptive_field`]: which input positions can change the pooled token's final state at all, found by
+  autograd in fp64 (the positions whose embedding gradient is above round-off), in eval mode.
 - [`gradient_norms`]: gradient norm of each encoder layer's parameters after one training step's backward.
 - [`padding_attention_share`]: share of attention probability that lands on padded keys (must be 0).
 - [`diagnose`]: all three for freshly initialised classifiers on a few validation examples (`scripts/run_long_eval.py
@@ -35,14 +35,18 @@ def reached_positions(grad: torch.Tensor) -> torch.Tensor:
 
 
 def cls_receptive_field(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[int]:
-    """Number of real positions that reach the first token's last hidden state, per example (in an fp64 copy).
+    """Number of real positions that reach the first token's last hidden state, per example.
+
+    Computed on an fp64 copy of the encoder on the CPU (the GPU kernels need not support fp64), so that round-off
+    stays far below every real path.
 
     Args:
         model: a `<Prefix>Model` or a head whose `base_model` is one (put in eval mode here).
         input_ids / attention_mask: `(B, N)`.
     """
     model.base_model.eval()
-    base = copy.deepcopy(model.base_model).double()
+    base = copy.deepcopy(model.base_model).to("cpu", torch.float64)
+    input_ids, attention_mask = input_ids.cpu(), attention_mask.cpu()
     embeddings = base.get_input_embeddings()(input_ids).detach().requires_grad_(True)  # (B, N, D)
     hidden = base(inputs_embeds=embeddings, attention_mask=attention_mask).last_hidden_state  # (B, N, D)
     # Summing over the batch keeps examples separate: example b's CLS state depends on example b's inputs only.
