@@ -2,11 +2,14 @@
 
 Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.md`):
 
-1. `F1 = f1(X)`, `F2 = f2(X)` (zeroed at padded positions), `C0_k = sum_{i+j=k} F1_i * F2_j` by FFT (fp32).
+1. `F1 = f1(X)`, `F2 = f2(X)` (zeroed at padded positions), `C0_k = sum_{i+j=k} F1_i * F2_j` by FFT (fp32; fp64
+   for fp64 inputs).
 2. Central-token merge: `C_t = LN(C0_{2t} + C0_{2t+1} - F1_t * F2_t)` (`C0_{2N-1}` is an empty antidiagonal = 0).
 3. `Q = X W_Q`, `K = C W_K`, `V = C W_V`.
-4. Selection: `I_bar = sigmoid(C W_I + b_I) * L` predicts, for every key `j`, `M` query positions; the edges are
-   `(floor(I_bar_jm) -> j)`, plus in training uniformly drawn queries per key.
+4. Selection: `I_bar = sigmoid(C W_I + b_I) * L` predicts, for every key `j`, `M` query positions (with
+   `index_prior="key_position"`, ours and the default, `logit((j + 0.5) / L)` is added inside the sigmoid so that
+   untrained keys predict queries around themselves); the edges are `(floor(I_bar_jm) -> j)`, plus in training
+   uniformly drawn queries per key.
 5. Compute: segment softmax over each query's edges, times the Gaussian confidence `rho(i | I_bar, sigma^2)` (no
    renormalisation), through the shared edge-list kernel. The confidence gradient can be truncated to `(-inf, 0]`.
    The training-only exploration edges of a query have a softmax of their own (ours, see `sparse_attend`).

@@ -61,9 +61,10 @@ class FSATConfig(SparseZooConfig):
         index_scale (`str`, *optional*, defaults to `"sequence_length"`):
             Scale `L` of the predicted positions `I_bar = sigmoid(C W_I + b_I) * L`: `"sequence_length"` uses each
             sample's real length (ours, the default: predictions stay inside every sequence), `"max_length"` uses
-            `index_max_length` (the paper's). With `"max_length"`, a sequence much shorter than `L_max` (most
-            documents of a long-input model) gets its predictions past its last token at initialisation (the
-            sigmoid starts at 0.5, so near `L_max / 2`): those edges are dropped and its queries attend to nothing.
+            `index_max_length` (the paper's). With `"max_length"` and the paper's `index_prior="none"`, a sequence
+            much shorter than `L_max` (most documents of a long-input model) gets its predictions past its last token
+            at initialisation (the sigmoid starts at 0.5, so near `L_max / 2`): those edges are dropped and its
+            queries attend to nothing.
         index_max_length (`int`, *optional*):
             `L_max`, the task's longest sequence; defaults to `max_position_embeddings`.
         index_prior (`str`, *optional*, defaults to `"key_position"`):
