@@ -126,15 +126,18 @@ class ZooConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         self.check_zoo_fields()
 
+    #: Fields added after checkpoints were already saved, with the value those checkpoints were trained with. A saved
+    #: config (it records `transformers_version`) that lacks one gets this value, not today's default: attnzoo 0.1
+    #: had no global tokens (the sparse families now default to 1). Families extend the mapping.
+    values_before_the_field: ClassVar[dict[str, Any]] = {"num_global_tokens": 0}
+
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs):
-        """[`~transformers.PreTrainedConfig.from_dict`], keeping checkpoints saved before global tokens existed.
-
-        A saved config (it records `transformers_version`) without `num_global_tokens` comes from attnzoo 0.1, whose
-        models were trained without global tokens; the sparse families' later default of 1 would change them.
-        """
-        if "transformers_version" in config_dict and "num_global_tokens" not in config_dict:
-            config_dict = {**config_dict, "num_global_tokens": 0}
+        """[`~transformers.PreTrainedConfig.from_dict`], keeping checkpoints saved before a field existed as they were
+        trained (`values_before_the_field`); a hand-written dict gets the defaults."""
+        if "transformers_version" in config_dict:
+            missing = {k: v for k, v in cls.values_before_the_field.items() if k not in config_dict}
+            config_dict = {**config_dict, **missing}
         return super().from_dict(config_dict, **kwargs)
 
     def validate_zoo_fields(self) -> None:

@@ -3,7 +3,7 @@
 # No `from __future__ import annotations`: huggingface_hub's @strict checks field types only when the annotations
 # are real types, not strings.
 
-from typing import Any
+from typing import Any, ClassVar
 
 from huggingface_hub.dataclasses import strict
 from transformers.activations import ACT2FN
@@ -105,13 +105,11 @@ class FSATConfig(SparseZooConfig):
     index_prior: str = "key_position"
     shared_index_predictor: bool = False
 
-    @classmethod
-    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
-        """Keeps FSAT checkpoints saved before `index_prior` existed as they were trained: with the paper's `"none"`
-        (a saved config records `transformers_version`; a hand-written dict gets the default)."""
-        if "transformers_version" in config_dict and "index_prior" not in config_dict:
-            config_dict = {**config_dict, "index_prior": "none"}
-        return super().from_dict(config_dict, **kwargs)
+    # Checkpoints saved before `index_prior` existed were trained with the paper's predictor.
+    values_before_the_field: ClassVar[dict[str, Any]] = {
+        **SparseZooConfig.values_before_the_field,
+        "index_prior": "none",
+    }
 
     def check_zoo_fields(self) -> None:
         super().check_zoo_fields()
