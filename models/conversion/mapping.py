@@ -55,14 +55,17 @@ class Mapping:
 
 
 def _tied_or_buffer(
-    source: SourceCheckpoint, name: str, tensor: torch.Tensor, mapping: Mapping, seq2seq: bool
+    source: SourceCheckpoint, name: str, tensor: torch.Tensor, mapping: Mapping, plain_head: bool
 ) -> None:
-    """Account for a tied copy (the LM decoder) or a buffer; stop when a "tied" copy differs from what it ties."""
+    """Account for a tied copy (the LM decoder) or a buffer; stop when a "tied" copy differs from what it ties.
+
+    `plain_head`: the target is a seq2seq model whose LM head is the tied matrix alone (`lm_head_transform=False`).
+    """
     stripped = strip_model_prefix(name)
     if stripped.endswith(("position_ids", "token_type_ids")):
         mapping.drop(name, tensor, "buffer, recomputed by the zoo at every forward")
         return
-    head = "lm_head.weight" if seq2seq else "lm_head.decoder.weight"
+    head = "lm_head.weight" if plain_head else "lm_head.decoder.weight"
     if stripped.endswith("decoder.weight"):
         embeddings = source.tensor("embeddings.word_embeddings.weight")
         if tensor.shape != embeddings.shape or not torch.equal(tensor, embeddings):
@@ -77,7 +80,7 @@ def _tied_or_buffer(
         raise ConversionError(
             f"{source.name_or_path}: {name} differs from {bias_name}, which the zoo's head ties it to."
         )
-    if seq2seq:
+    if plain_head:
         mapping.drop(name, tensor, "masked-LM bias: the seq2seq LM head is the tied embedding matrix, without bias")
     else:
         mapping.tie(name, "lm_head.bias", tensor, f"same as {bias_name}")
@@ -90,11 +93,12 @@ def map_weights(source: SourceCheckpoint, config: ZooConfig, base_prefix: str, s
         [`ConversionError`]: naming every stored tensor no rule accounts for.
     """
     mapping = Mapping()
+    plain_head = seq2seq and not config.lm_head_transform
     offset, length, rows = source.position_offset, source.num_positions, config.max_position_embeddings
     for name, tensor in source.tensors.items():
         stripped = strip_model_prefix(name)
         if TIED_OR_BUFFER.search(stripped):
-            _tied_or_buffer(source, name, tensor, mapping, seq2seq)
+            _tied_or_buffer(source, name, tensor, mapping, plain_head)
             continue
         if _NSP_HEAD.match(stripped):
             mapping.drop(name, tensor, "next-sentence-prediction head: no zoo head predicts sentence pairs")
@@ -103,13 +107,15 @@ def map_weights(source: SourceCheckpoint, config: ZooConfig, base_prefix: str, s
         if destination is None:
             mapping.unknown.append(name)
             continue
-        if seq2seq and destination.startswith("lm_head."):
+        if plain_head and destination.startswith("lm_head."):
             mapping.drop(name, tensor, "masked-LM head transform: the seq2seq LM head is the tied embedding matrix")
             continue
         if seq2seq and destination.startswith("classifier."):
             mapping.drop(name, tensor, "pooler: the seq2seq model has no classification head")
             continue
         note = ""
+        if seq2seq and destination.startswith("lm_head."):
+            note = "BERT2BERT: the source's masked-LM head is the decoder's LM head"
         if destination.startswith("classifier."):
             note = "BERT's pooler; loaded by the classification head, reported unexpected by the others"
         if destination == _POSITIONS:

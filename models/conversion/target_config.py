@@ -87,8 +87,11 @@ def build_config(
     if seq2seq:
         # Decoder layer i starts from encoder layer i, and decoder positions from the source's (an override may
         # lengthen them: the rows then repeat, as in the encoder).
+        # The source's masked-LM head, when it has one, stays the decoder's head (Rothe et al.'s BERT2BERT).
         fields.update(
-            decoder_layers=source.config["num_hidden_layers"], decoder_max_position_embeddings=source.num_positions
+            decoder_layers=source.config["num_hidden_layers"],
+            decoder_max_position_embeddings=source.num_positions,
+            lm_head_transform=source.has_masked_lm_head,
         )
     try:
         config = config_class(**{**fields, **overrides})

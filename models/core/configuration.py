@@ -81,6 +81,12 @@ class ZooConfig(PreTrainedConfig):
             End-of-sequence token id (`[SEP]`).
         decoder_start_token_id (`int`, *optional*, defaults to 2):
             First decoder input token of seq2seq models.
+        lm_head_transform (`bool`, *optional*, defaults to `False`):
+            Seq2seq models only: apply BERT's masked-LM transform (`dense -> act -> LayerNorm`) before the tied output
+            embedding and add an output bias, as the decoder of a BERT2BERT warm start does (Rothe et al., 2020),
+            so that the decoder's hidden states reach the vocabulary the way the source checkpoint was trained to;
+            `convert_checkpoint.py --seq2seq` sets it. `False` is a plain tied projection (BART's). The masked-LM
+            head always has the transform.
         tie_word_embeddings (`bool`, *optional*, defaults to `True`):
             Tie LM heads and decoder embeddings to the encoder's token embeddings.
         use_cache (`bool`, *optional*, defaults to `True`):
@@ -118,6 +124,7 @@ class ZooConfig(PreTrainedConfig):
     bos_token_id: int | None = 2
     eos_token_id: int | list[int] | None = 3
     decoder_start_token_id: int | None = 2
+    lm_head_transform: bool = False
     tie_word_embeddings: bool = True
     use_cache: bool = True
     is_decoder: bool = False

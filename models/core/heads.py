@@ -20,6 +20,15 @@ class MaskedLMHead(nn.Module):
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
+    def set_decoder(self, value: nn.Linear) -> None:
+        """New output embeddings (e.g. resized): the bias follows their vocabulary, keeping the learnt entries of the
+        tokens both vocabularies share (the first ones, as `resize_token_embeddings` keeps them) and 0 for new ones."""
+        self.decoder = value
+        bias = torch.zeros(value.out_features, device=value.weight.device, dtype=self.bias.dtype)
+        kept = min(value.out_features, self.bias.numel())
+        bias[:kept] = self.bias.detach()[:kept]
+        self.bias = nn.Parameter(bias)
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.LayerNorm(self.act(self.dense(hidden_states)))) + self.bias
 

@@ -248,8 +248,7 @@ class ZooForMaskedLM(_EncoderHeadMixin, ZooPreTrainedModel):
         return self.lm_head.decoder
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head.decoder = value
-        self.lm_head.bias = nn.Parameter(torch.zeros(value.out_features, device=value.weight.device))
+        self.lm_head.set_decoder(value)
 
     def forward(
         self,
@@ -387,7 +386,15 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
         config.is_encoder_decoder = True
         super().__init__(config)
         self.model = Seq2SeqCore(config, type(self))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.lm_head_transform:
+            # BERT2BERT's decoder head: the tied matrix moves to `lm_head.decoder`, so the tie is declared per model.
+            self.lm_head = MaskedLMHead(config)
+            self._tied_weights_keys = {
+                ("lm_head.decoder.weight" if target == "lm_head.weight" else target): source
+                for target, source in type(self)._tied_weights_keys.items()
+            }
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     def get_encoder(self, modality: str | None = None) -> Encoder:
@@ -404,10 +411,13 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
         self.model.decoder.embed_tokens = value
 
     def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
+        return self.lm_head.decoder if isinstance(self.lm_head, MaskedLMHead) else self.lm_head
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
+        if isinstance(self.lm_head, MaskedLMHead):
+            self.lm_head.set_decoder(value)
+        else:
+            self.lm_head = value
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

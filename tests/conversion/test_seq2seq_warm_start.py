@@ -54,9 +54,28 @@ def test_seq2seq_warm_start_copies_the_encoder_layers_into_the_decoder(
     assert not any(".self_attn.q_proj." in name or ".ffn." in name for name in new)
     dropped = {strip_model_prefix(row["source"]) for row in report.not_carried}
     if architecture == "BertForMaskedLM":
-        assert "cls.predictions.transform.dense.weight" in dropped
+        # BERT2BERT keeps the source's masked-LM head as the decoder's: same function on any hidden state.
+        assert model.config.lm_head_transform and not dropped
+        hidden = torch.randn(2, 5, source.config.hidden_size, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            torch.testing.assert_close(model.lm_head(hidden), source.cls(hidden))
+        assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     else:
+        # A source without a masked-LM head has no transform to give: the plain tied projection.
+        assert not model.config.lm_head_transform
         assert dropped == {"pooler.dense.weight", "pooler.dense.bias"}
+
+
+def test_seq2seq_warm_start_can_drop_the_masked_lm_transform(tmp_path, source_checkpoint):
+    folder, _ = source_checkpoint("BertForMaskedLM")
+    report = convert_checkpoint(
+        str(folder), "dense_transformer", NEW_LENGTH, tmp_path / "out", "lm_head_transform=false", seq2seq=True
+    )
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
+    assert isinstance(model.lm_head, torch.nn.Linear)
+    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    dropped = {strip_model_prefix(row["source"]) for row in report.not_carried}
+    assert {"cls.predictions.transform.dense.weight", "cls.predictions.bias"} <= dropped
 
 
 def test_seq2seq_warm_start_generates(tmp_path, source_checkpoint):

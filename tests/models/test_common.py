@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from attnzoo.core.compat import enable_activation_checkpointing, get_cache
+from attnzoo.core.heads import MaskedLMHead
 from attnzoo.registry import FAMILIES
 from attnzoo.testing import load_config
 
@@ -366,3 +367,29 @@ def test_empty_batches_raise_a_value_error_that_says_so(model_type, head):
             model(input_ids=torch.zeros(shape, dtype=torch.long))
         with pytest.raises(ValueError, match="at least one example of at least one token"):
             model(inputs_embeds=torch.zeros(*shape, model.config.hidden_size))
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_seq2seq_lm_head_transform_is_tied_saved_and_resized(model_type, tmp_path):
+    """`lm_head_transform=True` (BERT2BERT's decoder head): logits are BERT's masked-LM head on the decoder's last
+    state, the matrix stays tied through save, load and resizing, and resizing keeps the learnt bias entries."""
+    model = tiny_model(model_type, "conditional_generation", lm_head_transform=True).eval()
+    plain_keys = dict(type(model)._tied_weights_keys)
+    assert isinstance(model.lm_head, MaskedLMHead) and "lm_head.weight" in plain_keys  # the class keeps its own
+    with torch.no_grad():
+        model.lm_head.bias.normal_()
+    inputs = make_inputs(model.config, "conditional_generation")
+    with torch.no_grad():
+        out = model(**inputs, output_hidden_states=True)
+        torch.testing.assert_close(out.logits, model.lm_head(out.decoder_hidden_states[-1]))
+    model.save_pretrained(tmp_path)
+    reloaded = AUTO_CLASSES["conditional_generation"].from_pretrained(tmp_path).eval()
+    assert reloaded.get_output_embeddings().weight.data_ptr() == reloaded.get_input_embeddings().weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**inputs).logits, out.logits)
+    old_bias = model.lm_head.bias.detach().clone()
+    model.resize_token_embeddings(model.config.vocab_size + 5)
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    torch.testing.assert_close(model.lm_head.bias[: old_bias.numel()], old_bias)
+    assert model.lm_head.bias[old_bias.numel() :].abs().sum() == 0
+    assert type(model)._tied_weights_keys == plain_keys
