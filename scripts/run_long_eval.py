@@ -89,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=Budget.seed)
     parser.add_argument("--eval_batch_size", type=int, default=Budget.eval_batch_size)
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast (CUDA)")
+    parser.add_argument(
+        "--group_by_length",
+        action="store_true",
+        help="cut training batches from examples of similar length (less padding; transformers' group_by_length)",
+    )
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'cuda:1' or 'auto' (CUDA when available)")
     parser.add_argument("--hidden_size", type=int, default=ModelSize.hidden_size)
     parser.add_argument("--num_hidden_layers", type=int, default=ModelSize.num_hidden_layers)
@@ -131,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         eval_batch_size=args.eval_batch_size,
         bf16=args.bf16,
+        group_by_length=args.group_by_length,
     )
 
     if args.diagnose:

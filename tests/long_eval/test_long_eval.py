@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import random
 
 import pytest
 import torch
@@ -29,8 +30,16 @@ from attnzoo.training.long_eval import (
     text_task,
     train_and_evaluate,
 )
-from attnzoo.training.long_eval.runner import build_classifier
-from attnzoo.training.long_eval.tasks import CLS_ID, FIRST_SYMBOL_ID, PAD_ID, SEP_ID, TaskData, epoch_stream
+from attnzoo.training.long_eval.runner import GROUP_BATCHES, build_classifier, training_batches
+from attnzoo.training.long_eval.tasks import (
+    CLS_ID,
+    FIRST_SYMBOL_ID,
+    PAD_ID,
+    SEP_ID,
+    Example,
+    TaskData,
+    epoch_stream,
+)
 
 # the module (the package exports a function of the same name)
 long_eval_evaluate = importlib.import_module("attnzoo.training.long_eval.evaluate")
@@ -86,6 +95,31 @@ def test_collate_pads_right():
     assert batch["input_ids"].tolist() == [[2, 7, 3], [2, 3, PAD_ID]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
     assert batch["labels"].tolist() == [1, 0]
+
+
+def test_length_grouped_batches_pad_less_and_keep_every_example_once_per_pass():
+    rng = random.Random(0)
+    # Two groups per pass of the stream, so that the first pass ends with a group.
+    examples = [([CLS_ID, *[FIRST_SYMBOL_ID] * rng.randrange(1, 400), SEP_ID], i % 2) for i in range(800)]
+    batch_size, passes = 8, 2
+    steps = passes * len(examples) // batch_size
+
+    def drawn(group_by_length: bool) -> list[list[Example]]:
+        batches = training_batches(epoch_stream(examples)(0), batch_size, group_by_length, seed=0)
+        return [next(batches) for _ in range(steps)]
+
+    def padded(batches: list[list[Example]]) -> int:
+        return sum(len(batch) * max(len(ids) for ids, _ in batch) for batch in batches)
+
+    plain, grouped = drawn(False), drawn(True)
+    assert all(len(batch) == batch_size for batch in grouped)
+    # The same examples, each once per pass of the stream: grouping reorders, it drops and repeats nothing.
+    assert sorted(map(id, (e for b in grouped for e in b))) == sorted(map(id, (e for b in plain for e in b)))
+    assert sorted(map(id, (e for b in grouped[: len(examples) // batch_size] for e in b))) == sorted(map(id, examples))
+    assert padded(grouped) < 0.6 * padded(plain)
+    # Batches are not served shortest first: the order of the sorted batches is shuffled.
+    longest = [max(len(ids) for ids, _ in batch) for batch in grouped[:GROUP_BATCHES]]
+    assert longest != sorted(longest)
 
 
 def test_a_run_learns_a_trivial_rule():

@@ -6,7 +6,9 @@ import dataclasses
 import itertools
 import logging
 import math
+import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,9 @@ SCHEDULES = {
     "linear": lambda optimizer, budget: get_linear_schedule_with_warmup(optimizer, budget.warmup_steps, budget.steps),
     "rsqrt": lambda optimizer, budget: get_inverse_sqrt_schedule(optimizer, budget.warmup_steps),
 }
+#: `Budget.group_by_length`: batches are cut from groups of this many batches' examples (transformers'
+#: `LengthGroupedSampler` sorts "mega-batches" of 50 batches the same way).
+GROUP_BATCHES = 50
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class Budget:
         max_grad_norm: gradient clipping.
         bf16: run forward passes (training and evaluation) under bfloat16 autocast; parameters, optimizer state and
             the loss reduction stay float32.
+        group_by_length: cut each batch from examples of similar length (see [`training_batches`]), so that a batch
+            of short reviews is not padded to the one long review among them; transformers' `group_by_length`.
     """
 
     steps: int = 600
@@ -63,6 +70,7 @@ class Budget:
     max_grad_norm: float = 1.0
     schedule: str = "linear"
     bf16: bool = False
+    group_by_length: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -111,6 +119,26 @@ def collate(examples: list[Example], device: torch.device | str = "cpu") -> dict
     labels = torch.tensor([label for _, label in examples])
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
     return {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
+
+
+def training_batches(
+    stream: Iterator[Example], batch_size: int, group_by_length: bool = False, seed: int = 0
+) -> Iterator[list[Example]]:
+    """Endless training batches of `batch_size` examples, taken from `stream` in order.
+
+    With `group_by_length`, the examples of every `GROUP_BATCHES` consecutive batches are sorted by length, cut into
+    batches and those batches come in a random order (seeded by `seed`): each example is still seen once per pass
+    of the stream, but a batch is padded to the longest of similar examples instead of the longest of a random draw.
+    """
+    if not group_by_length:
+        while True:
+            yield list(itertools.islice(stream, batch_size))
+    rng = random.Random(seed)
+    while True:
+        group = sorted(itertools.islice(stream, batch_size * GROUP_BATCHES), key=lambda example: len(example[0]))
+        batches = [group[start : start + batch_size] for start in range(0, len(group), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
 
 
 def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn.Module:
@@ -196,12 +224,12 @@ def train_and_evaluate(
     model = build_classifier(task, spec, size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=budget.learning_rate, weight_decay=budget.weight_decay)
     schedule = SCHEDULES[budget.schedule](optimizer, budget)
-    stream = task.train_stream(budget.seed)
+    batches = training_batches(task.train_stream(budget.seed), budget.batch_size, budget.group_by_length, budget.seed)
     model.train()
     _synchronize(device)
     curve, window, tokens, start = [], [], 0, time.perf_counter()
     for step in range(1, budget.steps + 1):
-        batch = collate(list(itertools.islice(stream, budget.batch_size)), device)
+        batch = collate(next(batches), device)
         tokens += int(batch["attention_mask"].sum())
         with _autocast(device, budget.bf16):
             loss = model(**batch).loss
