@@ -37,6 +37,7 @@ from attnzoo.training.data.listops import ListOpsSettings  # noqa: E402
 from attnzoo.training.long_eval import (  # noqa: E402
     DEFAULT_REVIEWS_FILE,
     SCHEDULES,
+    TEXT_POOLINGS,
     Budget,
     ModelSize,
     Row,
@@ -73,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--text_lengths", nargs="+", type=int, default=[4096])
     parser.add_argument("--text_dense_lengths", nargs="*", type=int, default=[1024])
+    parser.add_argument(
+        "--text_pooling",
+        choices=TEXT_POOLINGS,
+        default="cls",
+        help="Text task: every family pools the first token (LRA's protocol) or the mean of the real tokens",
+    )
     parser.add_argument("--reviews_file", default=str(DEFAULT_REVIEWS_FILE), help="text<TAB>label TSV with a header")
     parser.add_argument("--validation_size", type=int, default=500)
     parser.add_argument("--steps", type=int, default=Budget.steps)
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
             examples=args.diagnose_examples,
             seed=args.seed,
             listops_settings=listops_settings,
+            text_pooling=args.text_pooling,
         )
         print(diagnostics_markdown(records))
         return
@@ -173,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         on_result=show,
         device=args.device,
         listops_settings=listops_settings,
+        text_pooling=args.text_pooling,
     )
 
 

@@ -321,3 +321,21 @@ def test_lra_tasks_pool_the_first_token_for_every_family_unless_a_row_says_other
             tmp_path, plans, [Row("sparse_transformer")], size=TINY, budget=budget, validation_size=8,
             listops_settings=short,
         )  # fmt: skip
+
+
+def test_text_pooling_is_the_task_protocol_of_every_family_and_of_the_folder(tmp_path, reviews_file):
+    mean = text_task(reviews_file, 64, validation_size=10, pooling="mean")
+    assert mean.model_overrides == {"classifier_pooling": "mean"} == mean.info["model_overrides"]
+    assert build_classifier(mean, RunSpec("dense_transformer", 64), TINY).config.classifier_pooling == "mean"
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        text_task(reviews_file, 64, validation_size=10, pooling="max")
+
+    budget = Budget(steps=2, batch_size=4, warmup_steps=1, eval_batch_size=8)
+    plans = [TaskPlan("text", (64,))]
+    kwargs = {"size": TINY, "budget": budget, "reviews_file": reviews_file, "validation_size": 8}
+    run_long_eval(tmp_path, plans, [Row("dense_transformer")], text_pooling="mean", **kwargs)
+    saved = json.loads((tmp_path / "long_eval.json").read_text())
+    assert saved["task_info"]["text"]["64"]["model_overrides"] == {"classifier_pooling": "mean"}
+    # The same folder refuses runs that pool differently: their rows would share labels with these.
+    with pytest.raises(ValueError, match="task overrides"):
+        run_long_eval(tmp_path, plans, [Row("sparse_transformer")], text_pooling="cls", **kwargs)

@@ -14,7 +14,16 @@ from ..modeling import parse_config_overrides
 from .diagnostics import diagnose, diagnostics_markdown
 from .evaluate import Row, TaskPlan, planned_runs, planned_tasks, run_diagnostics, run_long_eval
 from .runner import SCHEDULES, Budget, ModelSize, RunSpec, collate, evaluate, resolve_device, train_and_evaluate
-from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, read_reviews, split_reviews, text_task
+from .tasks import (
+    TASK_NAMES,
+    TEXT_POOLINGS,
+    TaskData,
+    imdb_task,
+    listops_task,
+    read_reviews,
+    split_reviews,
+    text_task,
+)
 
 #: The shipped 2,500 IMDB reviews (a source checkout's fixture; pass another file with `reviews_file`).
 DEFAULT_REVIEWS_FILE = (
@@ -35,6 +44,7 @@ __all__ = [
     "DEFAULT_REVIEWS_FILE",
     "SCHEDULES",
     "TASK_NAMES",
+    "TEXT_POOLINGS",
     "Budget",
     "ModelSize",
     "Row",

@@ -74,16 +74,17 @@ def build_task(
     reviews_file: str | Path | None,
     validation_size: int,
     listops_settings: ListOpsSettings | None = None,
+    text_pooling: str = "cls",
 ) -> TaskData:
     """The task encoded at `length` (IMDB and Text read `reviews_file`; ListOps trees follow `listops_settings`,
-    LRA's by default)."""
+    LRA's by default; Text's classifiers pool `text_pooling`, LRA's first token by default)."""
     if name == "listops":
         return listops_task(length, validation_size=validation_size, settings=listops_settings)
     if reviews_file is None:
         raise ValueError(f"Task {name!r} needs `reviews_file` (a text<TAB>label TSV of IMDB reviews).")
     if name == "imdb":
         return imdb_task(reviews_file, length, validation_size=validation_size)
-    return text_task(reviews_file, length, validation_size=validation_size)
+    return text_task(reviews_file, length, validation_size=validation_size, pooling=text_pooling)
 
 
 def planned_runs(plans: Sequence[TaskPlan], rows: Sequence[Row]) -> list[tuple[str, RunSpec]]:
@@ -108,6 +109,7 @@ def planned_tasks(
     validation_size: int,
     skip: Container[tuple[str, str]] = (),
     listops_settings: ListOpsSettings | None = None,
+    text_pooling: str = "cls",
 ) -> Iterator[tuple[TaskData, RunSpec]]:
     """`(task data, spec)` for every planned run whose `(task, spec.key)` is not in `skip`; each task is encoded once,
     when a run first needs it."""
@@ -117,7 +119,7 @@ def planned_tasks(
             continue
         if (task_name, spec.length) not in tasks:
             tasks[(task_name, spec.length)] = build_task(
-                task_name, spec.length, reviews_file, validation_size, listops_settings
+                task_name, spec.length, reviews_file, validation_size, listops_settings, text_pooling
             )
         yield tasks[(task_name, spec.length)], spec
 
@@ -133,12 +135,15 @@ def run_diagnostics(
     examples: int = 4,
     seed: int = 0,
     listops_settings: ListOpsSettings | None = None,
+    text_pooling: str = "cls",
 ) -> list[dict[str, Any]]:
     """[`diagnose`] every planned run (the dense baselines included) and write `diagnostics.json` and
     `diagnostics.md` into `output_dir`. Returns the records."""
     size = size or ModelSize()
     records: list[dict[str, Any]] = []
-    for task, spec in planned_tasks(plans, rows, reviews_file, validation_size, listops_settings=listops_settings):
+    for task, spec in planned_tasks(
+        plans, rows, reviews_file, validation_size, listops_settings=listops_settings, text_pooling=text_pooling
+    ):
         records += diagnose(task, [spec], size, examples, seed)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -170,11 +175,13 @@ def run_long_eval(
     on_result: Callable[[dict[str, Any]], None] | None = None,
     device: str | torch.device | None = "cpu",
     listops_settings: ListOpsSettings | None = None,
+    text_pooling: str = "cls",
 ) -> dict[str, Any]:
     """Run (or resume) the evaluation and write `long_eval.json`, `long_eval.md` and `long_eval.png`.
 
     `device` is where every run trains (`"auto"`: CUDA when available); each run records it. `listops_settings`
-    shapes the ListOps trees (LRA's by default); a folder holds ListOps runs of one tree shape only.
+    shapes the ListOps trees (LRA's by default); a folder holds ListOps runs of one tree shape only. `text_pooling`
+    is the Text task's `classifier_pooling` (LRA's `"cls"` by default); a folder holds Text runs of one pooling only.
 
     Returns:
         The results dictionary (`settings`, `task_info`, `runs`).
@@ -212,7 +219,13 @@ def run_long_eval(
     results.setdefault("task_info", {})
     done = {(r["task"], f"{r['label']}@{r['length']}") for r in results["runs"]}
     for task, spec in planned_tasks(
-        plans, rows, reviews_file, validation_size, skip=done, listops_settings=listops_settings
+        plans,
+        rows,
+        reviews_file,
+        validation_size,
+        skip=done,
+        listops_settings=listops_settings,
+        text_pooling=text_pooling,
     ):
         stored = results["task_info"].setdefault(task.name, {})
         protocol = stored.get(str(spec.length), task.info).get("model_overrides", {})

@@ -29,6 +29,8 @@ BASELINE_FIT_EXAMPLES = 2000
 #: ListOps config, `classifier_pool = "CLS"` in its Text config). The zoo's sparse families pool the mean by default,
 #: which read IMDB better (README, "Long inputs"); on ListOps it hides the outermost operator the answer hangs on.
 LRA_MODEL_OVERRIDES: dict[str, Any] = {"classifier_pooling": "cls"}
+#: What the Text task may pool (`text_task(pooling=...)`): LRA's first token, or the mean of the real tokens.
+TEXT_POOLINGS = ("cls", "mean")
 
 Example = tuple[list[int], int]
 
@@ -157,8 +159,16 @@ def imdb_task(
     )
 
 
-def text_task(reviews_file: str | Path, length: int, *, validation_size: int = 500, split_seed: int = 0) -> TaskData:
-    """LRA Text: the same reviews and split as [`imdb_task`], one token per UTF-8 byte."""
+def text_task(
+    reviews_file: str | Path, length: int, *, validation_size: int = 500, split_seed: int = 0, pooling: str = "cls"
+) -> TaskData:
+    """LRA Text: the same reviews and split as [`imdb_task`], one token per UTF-8 byte.
+
+    `pooling` is the task's `classifier_pooling` for every family: `"cls"` is LRA's protocol; `"mean"` (the sparse
+    families' default) lets small byte-level models learn on a CPU budget (README, "Long inputs").
+    """
+    if pooling not in TEXT_POOLINGS:
+        raise ValueError(f"The Text task's pooling must be one of {TEXT_POOLINGS}, got {pooling!r}.")
     train, validation = split_reviews(read_reviews(reviews_file), validation_size, split_seed)
 
     def ids(rows: list[tuple[str, int]]) -> list[tuple[list[int], int]]:
@@ -174,7 +184,7 @@ def text_task(reviews_file: str | Path, length: int, *, validation_size: int = 5
         epoch_stream(train_examples),
         validation_examples,
         _split_info(train, validation, cut_train, cut_validation, split_seed=split_seed, tokenizer="bytes"),
-        dict(LRA_MODEL_OVERRIDES),
+        {**LRA_MODEL_OVERRIDES, "classifier_pooling": pooling},
     )
 
 
