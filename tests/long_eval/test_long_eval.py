@@ -78,6 +78,7 @@ def test_imdb_and_text_tasks_wrap_and_count_truncation(reviews_file):
     for ids, _ in text.validation:
         assert bytes(i - FIRST_SYMBOL_ID for i in ids[1:-1]) in raw
     assert text.info["train_truncated"] == 0 and text.vocab_size == FIRST_SYMBOL_ID + 256
+    assert 0.0 <= text.info["byte_ngram_accuracy"] <= 1.0
 
 
 def test_listops_task_streams_by_seed_and_keeps_a_fixed_validation_set():

@@ -19,6 +19,7 @@ from typing import Any
 from ...tokenization import SPECIAL_TOKENS, train_wordpiece_tokenizer, tsv_is_csv_quoted
 from ..data.listops import VOCABULARY as LISTOPS_VOCABULARY
 from ..data.listops import ListOpsSettings, generate_listops, shallow_baselines
+from .byte_ngrams import byte_ngram_accuracy
 
 PAD_ID, CLS_ID, SEP_ID = 0, 2, 3
 FIRST_SYMBOL_ID = len(SPECIAL_TOKENS)
@@ -174,8 +175,13 @@ def text_task(
     def ids(rows: list[tuple[str, int]]) -> list[tuple[list[int], int]]:
         return [([FIRST_SYMBOL_ID + b for b in text.encode("utf-8")], label) for text, label in rows]
 
+    def read(rows: list[tuple[str, int]]) -> list[tuple[bytes, int]]:
+        return [(text.encode("utf-8")[: length - 2], label) for text, label in rows]  # what a model reads
+
     train_examples, cut_train = _encode_all(ids(train), length)
     validation_examples, cut_validation = _encode_all(ids(validation), length)
+    # The bar to read the models against: what a bag of byte n-grams gets from the same bytes.
+    shallow = byte_ngram_accuracy(read(train), read(validation))
     return TaskData(
         "text",
         length,
@@ -183,7 +189,15 @@ def text_task(
         2,
         epoch_stream(train_examples),
         validation_examples,
-        _split_info(train, validation, cut_train, cut_validation, split_seed=split_seed, tokenizer="bytes"),
+        _split_info(
+            train,
+            validation,
+            cut_train,
+            cut_validation,
+            split_seed=split_seed,
+            tokenizer="bytes",
+            byte_ngram_accuracy=shallow,
+        ),
         {**LRA_MODEL_OVERRIDES, "classifier_pooling": pooling},
     )
 
