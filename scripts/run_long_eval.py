@@ -53,7 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--tasks", nargs="+", choices=["imdb", "listops", "text"], default=["imdb", "listops"])
-    parser.add_argument("--families", nargs="+", choices=sorted(FAMILIES), help="default: every registered family")
+    parser.add_argument(
+        "--families",
+        nargs="*",
+        choices=sorted(FAMILIES),
+        help="default: every registered family; the flag with no family runs only the --variant rows",
+    )
     parser.add_argument(
         "--variant",
         action="append",
@@ -117,6 +122,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def table_rows(args: argparse.Namespace) -> list[Row]:
+    """The model rows: every family named by `--families` (all when the flag is absent), then the `--variant` rows."""
+    families = sorted(FAMILIES) if args.families is None else args.families
+    return [Row(model_type) for model_type in families] + [parse_variant(text) for text in args.variant]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -127,8 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         "text": (args.text_lengths, args.text_dense_lengths),
     }
     plans = [TaskPlan(task, tuple(lengths[task][0]), tuple(lengths[task][1])) for task in args.tasks]
-    families = args.families or sorted(FAMILIES)
-    rows = [Row(model_type) for model_type in families] + [parse_variant(text) for text in args.variant]
+    rows = table_rows(args)
     listops_settings = ListOpsSettings(
         min_length=args.listops_tree_lengths[0], max_length=args.listops_tree_lengths[1]
     )

@@ -1,4 +1,5 @@
-"""Slow: `scripts/run_long_eval.py` end to end on IMDB and ListOps for all six families (a tiny budget)."""
+"""`scripts/run_long_eval.py`: its rows, and (slow) end to end on IMDB and ListOps for all six families (a tiny
+budget)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,28 @@ from attnzoo.registry import FAMILIES
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "run_long_eval.py"
 
 
-@pytest.mark.slow
-def test_run_long_eval_runs_imdb_and_listops_for_every_family(tmp_path):
+def load_script():
     spec = importlib.util.spec_from_file_location("run_long_eval", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = script
     spec.loader.exec_module(script)
+    return script
+
+
+def test_families_flag_picks_the_rows():
+    script = load_script()
+    variant = ["--variant", "fsat:feature_map=dsconv"]
+    labels = [row.spec(64).key for row in script.table_rows(script.parse_args(["--output_dir", "x", *variant]))]
+    assert labels == [f"{name}@64" for name in sorted(FAMILIES)] + ["fsat [feature_map=dsconv]@64"]
+    only_variant = script.parse_args(["--output_dir", "x", "--families", *variant])
+    assert [row.spec(64).key for row in script.table_rows(only_variant)] == ["fsat [feature_map=dsconv]@64"]
+    named = script.parse_args(["--output_dir", "x", "--families", "sbm", "a2former"])
+    assert [row.model_type for row in script.table_rows(named)] == ["sbm", "a2former"]
+
+
+@pytest.mark.slow
+def test_run_long_eval_runs_imdb_and_listops_for_every_family(tmp_path):
+    script = load_script()
     argv = [
         "--output_dir", str(tmp_path), "--tasks", "imdb", "listops", "--imdb_lengths", "256",
         "--imdb_dense_lengths", "128", "--listops_lengths", "2048", "--steps", "2", "--batch_size", "2",
