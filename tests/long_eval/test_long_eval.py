@@ -148,6 +148,10 @@ def test_planned_runs_add_dense_baselines_once():
     runs = [(task, spec.key) for task, spec in planned_runs(plans, rows)]
     assert len(runs) == len(set(runs)) == 9
     assert ("imdb", "fsat [index_scale=max_length]@2048") in runs
+    baseline_only = planned_runs([TaskPlan("text", (4096,), dense_lengths=(1024,))], [])
+    assert [(task, spec.key) for task, spec in baseline_only] == [("text", "dense_transformer@1024")]
+    with pytest.raises(ValueError, match="Nothing to run"):
+        planned_runs([TaskPlan("text", (4096,))], [])
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         parse_variant("fsat")
     with pytest.raises(ValueError, match="Unknown task"):

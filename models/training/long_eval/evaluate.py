@@ -88,7 +88,11 @@ def build_task(
 
 
 def planned_runs(plans: Sequence[TaskPlan], rows: Sequence[Row]) -> list[tuple[str, RunSpec]]:
-    """`(task, spec)` for every task, row and length, the dense baselines included, without repeats."""
+    """`(task, spec)` for every task, row and length, the dense baselines included, without repeats.
+
+    Raises:
+        ValueError: The plan holds no run (no task, or no row and no dense baseline length).
+    """
     runs: list[tuple[str, RunSpec]] = []
     seen: set[tuple[str, str]] = set()
     plain_dense = Row(DENSE)
@@ -99,6 +103,9 @@ def planned_runs(plans: Sequence[TaskPlan], rows: Sequence[Row]) -> list[tuple[s
             if (plan.task, spec.key) not in seen:
                 seen.add((plan.task, spec.key))
                 runs.append((plan.task, spec))
+    if not runs:
+        # An empty plan would otherwise finish at once and write an empty table.
+        raise ValueError("Nothing to run: no model row (--families / --variant) and no dense baseline length.")
     return runs
 
 
