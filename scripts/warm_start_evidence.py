@@ -452,40 +452,46 @@ def step_continue() -> dict[str, Any]:
     return {**results, **in_parallel({family: _continuer(family) for family in FAMILIES})}
 
 
+def continue_command(model: list[str], output: Path) -> list[str]:
+    """`run_mlm.py` continuing `model` (its model flags) at 2048 tokens for the `CONTINUE` budget into `output`."""
+    return [
+        "scripts/run_mlm.py", *model,
+        "--train_file", str(MLM_TRAIN),
+        "--validation_file", str(MLM_VALID),
+        "--max_seq_length", "2048",
+        "--per_device_train_batch_size", "1",
+        "--gradient_accumulation_steps", str(CONTINUE["accumulation"]),
+        "--max_steps", str(CONTINUE["steps"]),
+        "--learning_rate", CONTINUE["learning_rate"],
+        "--warmup_steps", "0.1",
+        "--weight_decay", "0.01",
+        "--max_eval_samples", str(CONTINUE["eval_blocks"]),
+        "--eval_strategy", "steps",
+        "--eval_steps", str(CONTINUE["eval_steps"]),
+        "--eval_on_start",
+        "--logging_steps", "10",
+        "--save_strategy", "no",
+        "--output_dir", str(output),
+        *QUIET,
+    ]  # fmt: skip
+
+
+def run_continued(name: str, model: list[str], output: Path) -> dict[str, Any]:
+    """Continue `model` (see `continue_command`) and record its validation and training losses."""
+    record = run(name, continue_command(model, output), output)
+    history = json.loads((ROOT / output / "log_history.json").read_text(encoding="utf-8"))
+    # The last evaluation of the schedule and the final one share a step: one point per step.
+    evaluations = {row["step"]: row["eval_loss"] for row in history if "eval_loss" in row}
+    record["eval_loss"] = sorted([step, loss] for step, loss in evaluations.items())
+    record["train_loss"] = [[row["step"], row["loss"]] for row in history if "loss" in row]
+    record["train_runtime"] = metrics_of(output)["metrics"].get("train_runtime")
+    return record
+
+
 def _continuer(family: str) -> Callable[[], dict[str, Any]]:
     def continue_pretraining() -> dict[str, Any]:
-        output = WORK / "continue" / family
-        command = [
-            "scripts/run_mlm.py",
-            "--model_name_or_path", str(SOURCE),
-            "--family", family,
-            "--max_position_embeddings", "2048",
-            "--train_file", str(MLM_TRAIN),
-            "--validation_file", str(MLM_VALID),
-            "--max_seq_length", "2048",
-            "--per_device_train_batch_size", "1",
-            "--gradient_accumulation_steps", str(CONTINUE["accumulation"]),
-            "--max_steps", str(CONTINUE["steps"]),
-            "--learning_rate", CONTINUE["learning_rate"],
-            "--warmup_steps", "0.1",
-            "--weight_decay", "0.01",
-            "--max_eval_samples", str(CONTINUE["eval_blocks"]),
-            "--eval_strategy", "steps",
-            "--eval_steps", str(CONTINUE["eval_steps"]),
-            "--eval_on_start",
-            "--logging_steps", "10",
-            "--save_strategy", "no",
-            "--output_dir", str(output),
-            *QUIET,
-        ]  # fmt: skip
-        record = run(f"continue-{family}", command, output)
-        history = json.loads((ROOT / output / "log_history.json").read_text(encoding="utf-8"))
-        # The last evaluation of the schedule and the final one share a step: one point per step.
-        evaluations = {row["step"]: row["eval_loss"] for row in history if "eval_loss" in row}
-        record["eval_loss"] = sorted([step, loss] for step, loss in evaluations.items())
-        record["train_loss"] = [[row["step"], row["loss"]] for row in history if "loss" in row]
-        record["train_runtime"] = metrics_of(output)["metrics"].get("train_runtime")
-        return record
+        model = ["--model_name_or_path", str(SOURCE), "--family", family, "--max_position_embeddings", "2048"]
+        return run_continued(f"continue-{family}", model, WORK / "continue" / family)
 
     return continue_pretraining
 
@@ -503,7 +509,9 @@ def _evaluation_flags(task: str, data: dict[str, Any]) -> list[str]:
     ]  # fmt: skip
 
 
-def _finetune(name: str, output: Path, model: list[str], task: str, data: dict[str, Any], seed: str = SEED) -> dict:
+def finetune(name: str, output: Path, model: list[str], task: str, data: dict[str, Any], seed: str = SEED) -> dict:
+    """Fine-tune `model` (its model flags) on `task` with the budget `data`; its accuracy and loss on the held-back
+    examples."""
     command = [
         "scripts/run_glue.py", *model,
         "--train_file", str(WORK / "data" / f"{task}_train.tsv"),
@@ -537,7 +545,7 @@ def _warm_vs_scratch(task: str, data: dict[str, Any], warm_source: str, seed: st
         }
         for start, model in starts.items():
             name, output = f"{runs}-{family}-{start}", WORK / runs / f"{family}-{start}"
-            tasks[f"{family}/{start}"] = lambda name=name, output=output, model=model: _finetune(
+            tasks[f"{family}/{start}"] = lambda name=name, output=output, model=model: finetune(
                 name, output, model, task, data, seed
             )
     for key, record in in_parallel(tasks).items():

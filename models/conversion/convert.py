@@ -93,7 +93,8 @@ def convert_checkpoint(
     config, from_source, own = build_config(source, family, max_position_embeddings, overrides, seq2seq)
     target_class = _target_class(family, source, seq2seq)
     base_prefix = "" if target_class is FAMILIES[family].model_class else "model."
-    mapping = map_weights(source, config, base_prefix, seq2seq)
+    attention_class = FAMILIES[family].attention_class
+    mapping = map_weights(source, config, base_prefix, seq2seq, attention_class)
 
     torch.manual_seed(INIT_SEED)
     model = target_class(config).eval()
@@ -101,6 +102,9 @@ def convert_checkpoint(
     _check_destinations(mapping, target_state, target_class)
     loadable = {name: tensor for name, tensor in mapping.tensors.items() if name in target_state}
     model.load_state_dict(loadable, strict=False)
+    for module in model.get_submodule(f"{base_prefix}encoder").modules():
+        if isinstance(module, attention_class):
+            module.init_for_warm_start()
     tied = _tied_names(model)
     new = [
         {"name": name, "shape": shape_of(tensor), "init": describe_init(model, name, config.initializer_range)}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+from ..core.attention import ZooAttention
 
 # Module types whose parameters transformers' `PreTrainedModel._init_weights` initialises (the zoo's `_init_weights`
 # defers to it), as (weight rule, bias rule).
@@ -24,22 +27,37 @@ def describe_init(model: nn.Module, name: str, initializer_range: float) -> str:
     """
     owner_name, _, attribute = name.rpartition(".")
     owner = model.get_submodule(owner_name) if owner_name else model
-    tensor = getattr(owner, attribute).detach().float()
-    if tensor.numel() and bool((tensor == 0).all()):
-        values = "zeros"
-    elif tensor.numel() and bool((tensor == tensor.flatten()[0]).all()):
-        values = f"constant {tensor.flatten()[0].item():.4g}"
-    else:
-        std = tensor.std().item() if tensor.numel() > 1 else 0.0
-        values = (
-            f"mean {tensor.mean().item():.3g}, std {std:.3g}, range [{tensor.min().item():.3g}, "
-            f"{tensor.max().item():.3g}]"
-        )
+    values = _values(getattr(owner, attribute).detach().float())
+    warm_start = _warm_start_rule(model, name)
+    if warm_start is not None:
+        return f"{warm_start}: {values}"
     for module_type, (weight_rule, bias_rule) in _STANDARD_RULES.items():
         if type(owner) is module_type:
             rule = (weight_rule if attribute == "weight" else bias_rule).format(std=initializer_range)
             return f"{rule} ({type(owner).__name__}.{attribute}; holds {values})" if rule else values
     return f"{_method_rule(model, owner_name)}: {values}"
+
+
+def _values(tensor: torch.Tensor) -> str:
+    """What a tensor holds, in a few numbers."""
+    if tensor.numel() and bool((tensor == 0).all()):
+        return "zeros"
+    if tensor.numel() and bool((tensor == tensor.flatten()[0]).all()):
+        return f"constant {tensor.flatten()[0].item():.4g}"
+    std = tensor.std().item() if tensor.numel() > 1 else 0.0
+    low, high = tensor.min().item(), tensor.max().item()
+    return f"mean {tensor.mean().item():.3g}, std {std:.3g}, range [{low:.3g}, {high:.3g}]"
+
+
+def _warm_start_rule(model: nn.Module, name: str) -> str | None:
+    """`<Attention>.init_for_warm_start` when `name` is one of an attention's `not_from_source` parameters."""
+    parts = name.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        module = model.get_submodule(".".join(parts[:end]))
+        if isinstance(module, ZooAttention):
+            local = ".".join(parts[end:])
+            return f"{type(module).__name__}.init_for_warm_start" if local in module.not_from_source else None
+    return None
 
 
 def _method_rule(model: nn.Module, owner_name: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..core.attention import ZooAttention
 from ..core.configuration import ZooConfig
 from ..core.conversion import TIED_OR_BUFFER, decoder_name, strip_model_prefix, zoo_name
 from .errors import ConversionError
@@ -25,6 +26,7 @@ from .source import SourceCheckpoint
 
 _POSITIONS = "encoder.embeddings.position_embeddings.weight"
 _NSP_HEAD = re.compile(r"^cls\.seq_relationship\.")
+_ENCODER_ATTENTION = re.compile(r"^encoder\.layers\.\d+\.attention\.(.+)$")
 
 
 def shape_of(tensor: torch.Tensor) -> list[int]:
@@ -86,8 +88,17 @@ def _tied_or_buffer(
         mapping.tie(name, "lm_head.bias", tensor, f"same as {bias_name}")
 
 
-def map_weights(source: SourceCheckpoint, config: ZooConfig, base_prefix: str, seq2seq: bool) -> Mapping:
+def map_weights(
+    source: SourceCheckpoint,
+    config: ZooConfig,
+    base_prefix: str,
+    seq2seq: bool,
+    attention_class: type[ZooAttention] = ZooAttention,
+) -> Mapping:
     """Every stored tensor of `source` to its destination(s), or to the not-carried list with a reason.
+
+    `attention_class` is the target's encoder self-attention: the source tensors of its `not_from_source` parameters
+    are not carried into the encoder (a BERT2BERT decoder, whose attention is dense, still gets them).
 
     Raises:
         [`ConversionError`]: naming every stored tensor no rule accounts for.
@@ -127,7 +138,11 @@ def map_weights(source: SourceCheckpoint, config: ZooConfig, base_prefix: str, s
             destination = base_prefix + destination
         else:
             encoder_destination = None
-        mapping.carry(name, destination, tensor, note)
+        fresh = _not_from_source(encoder_destination, attention_class)
+        if fresh is None:
+            mapping.carry(name, destination, tensor, note)
+        else:
+            mapping.drop(name, tensor, f"{attention_class.__name__}: {fresh}")
         target = decoder_name(encoder_destination) if seq2seq and encoder_destination else None
         if target is not None:
             _carry_to_decoder(source, config, mapping, name, base_prefix + target, tensor, offset, length)
@@ -139,6 +154,12 @@ def map_weights(source: SourceCheckpoint, config: ZooConfig, base_prefix: str, s
             "next-sentence head) can be converted."
         )
     return mapping
+
+
+def _not_from_source(encoder_destination: str | None, attention_class: type[ZooAttention]) -> str | None:
+    """Why the encoder attention parameter `encoder_destination` starts fresh, or `None` when it is carried."""
+    match = _ENCODER_ATTENTION.match(encoder_destination or "")
+    return attention_class.not_from_source.get(match.group(1)) if match else None
 
 
 def _positions_note(offset: int, length: int, rows: int) -> str:

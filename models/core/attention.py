@@ -74,6 +74,10 @@ class ZooAttention(nn.Module):
     #: adds `config.num_global_tokens` global positions to its encoder self-attention (see `core.global_tokens`);
     #: dense attention needs none (every position already sees every other)
     supports_global_tokens: ClassVar[bool] = False
+    #: parameters (names inside the module) that a converted BERT / RoBERTa checkpoint does not initialise, each with
+    #: the reason; `init_for_warm_start` sets them instead (see `attnzoo.conversion`). The projections of a method
+    #: whose queries, keys and values read the hidden states, as BERT's do, are all carried over (empty).
+    not_from_source: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self, config: ZooConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
@@ -99,6 +103,10 @@ class ZooAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def init_for_warm_start(self) -> None:
+        """Initialise the `not_from_source` parameters of an encoder layer whose other weights come from a
+        checkpoint; the conversion calls it after loading them (nothing to do when every parameter is carried)."""
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         # (B, N, D) -> (B, H, N, d)

@@ -176,6 +176,19 @@ class FSATAttention(ZooAttention):
     # Confidences multiply the softmax probabilities without renormalisation (the paper's Formula 7).
     weights_are_normalized = False
     supports_global_tokens = True
+    # Warm starts: keys and values project the pooled cross `C`, which a BERT checkpoint's W_K / W_V never read
+    # (`C_t` leaves out the pair (t, t), so no f1 / f2 makes it a function of `x_t`). Carried over, they would map
+    # an input they never saw into the residual stream of every layer; they start fresh instead, and the output
+    # projection at zero, so that each converted layer starts as the source's feed-forward path on the source's
+    # hidden states and the attention branch grows from there (the model card's "Warm start" has the numbers).
+    not_from_source = {
+        **dict.fromkeys(
+            ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"),
+            "FSAT's keys and values project its pooled cross C, not the hidden states the source's were trained on",
+        ),
+        "o_proj.weight": "zero at a warm start, so FSAT's attention branch (whose keys and values start fresh) "
+        "adds nothing to the carried layers until it has learnt something",
+    }
 
     def __init__(
         self, config: FSATConfig, *, is_causal: bool = False, is_cross_attention: bool = False, layer_idx: int = 0
@@ -189,6 +202,14 @@ class FSATAttention(ZooAttention):
         predictor_heads = 1 if config.shared_index_predictor else self.num_heads
         self.index_predictor = nn.Linear(config.hidden_size, predictor_heads * self.num_predicted)
         self.variance = config.fsat_confidence_variance
+
+    @torch.no_grad()
+    def init_for_warm_start(self) -> None:
+        # Fresh keys and values as any new projection (normal, zero bias); the branch's output starts at zero.
+        for projection in (self.k_proj, self.v_proj):
+            nn.init.normal_(projection.weight, std=self.config.initializer_range)
+            nn.init.zeros_(projection.bias)
+        nn.init.zeros_(self.o_proj.weight)
 
     def pooled_cross(self, hidden_states: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """The hidden-state cross `C` `(B, N, D)`: FFT antidiagonal pooling, central-token merge and LayerNorm.

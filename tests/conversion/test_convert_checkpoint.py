@@ -113,11 +113,58 @@ def test_report_accounts_for_every_stored_source_tensor(tmp_path, source_checkpo
     accounted = [row["source"] for row in report.mapped] + [row["source"] for row in report.not_carried]
     assert set(accounted) == stored
     not_carried = {strip_model_prefix(row["source"]): row["reason"] for row in report.not_carried}
-    assert set(not_carried) == {"cls.seq_relationship.weight", "cls.seq_relationship.bias"}
+    # FSAT's keys, values and output weight start fresh (`FSATAttention.not_from_source`), with its reasons.
+    fsat_own = {
+        f"encoder.layer.{i}.attention.{part}": reason
+        for i in range(source.config.num_hidden_layers)
+        for part, reason in {
+            "self.key.weight": "keys and values project its pooled cross",
+            "self.key.bias": "keys and values project its pooled cross",
+            "self.value.weight": "keys and values project its pooled cross",
+            "self.value.bias": "keys and values project its pooled cross",
+            "output.dense.weight": "zero at a warm start",
+        }.items()
+    }
+    assert set(not_carried) == {"cls.seq_relationship.weight", "cls.seq_relationship.bias", *fsat_own}
+    for name, reason in fsat_own.items():
+        assert not_carried[name].startswith("FSATAttention: ") and reason in not_carried[name], name
     pooler = next(row for row in report.mapped if row["source"] == "bert.pooler.dense.weight")
     assert pooler["destination"] == "classifier.dense.weight"
     saved = json.loads((tmp_path / "out" / REPORT_FILE).read_text())
     assert saved["source"] == str(folder) and saved["base_model"] is None
+
+
+def test_fsat_warm_start_carries_queries_and_starts_its_attention_branch_silent(tmp_path, source_checkpoint):
+    """FSAT's keys and values read its pooled cross, not the hidden states: they start fresh and the output
+    projection at zero, so the converted encoder mixes no tokens until it trains, and the branch still learns."""
+    folder, source = source_checkpoint("BertForMaskedLM")
+    report = convert_checkpoint(str(folder), "fsat", NEW_LENGTH, tmp_path / "out")
+    model = AutoModelForMaskedLM.from_pretrained(tmp_path / "out")
+    for layer, source_layer in zip(model.model.encoder.layers, source.bert.encoder.layer, strict=True):
+        attention, source_attention = layer.attention, source_layer.attention
+        torch.testing.assert_close(attention.q_proj.weight, source_attention.self.query.weight)
+        torch.testing.assert_close(attention.o_proj.bias, source_attention.output.dense.bias)
+        assert not attention.o_proj.weight.any()
+        assert not torch.equal(attention.k_proj.weight, source_attention.self.key.weight)
+        assert attention.v_proj.weight.std().item() == pytest.approx(model.config.initializer_range, rel=0.1)
+    rows = {row["name"]: row["init"] for row in report.new}
+    assert rows["model.encoder.layers.0.attention.o_proj.weight"] == "FSATAttention.init_for_warm_start: zeros"
+    assert rows["model.encoder.layers.1.attention.k_proj.weight"].startswith("FSATAttention.init_for_warm_start")
+    # No token mixing yet: changing one token leaves every other position's output as it was.
+    model.eval()
+    ids = torch.randint(5, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    changed = ids.clone()
+    changed[0, 7] = (ids[0, 7] + 1) % model.config.vocab_size
+    with torch.no_grad():
+        before, after = model(input_ids=ids).logits, model(input_ids=changed).logits
+    others = torch.arange(24) != 7
+    torch.testing.assert_close(before[:, others], after[:, others])
+    assert not torch.allclose(before[:, 7], after[:, 7])
+    # The silent branch is not a dead one: the output projections get a gradient at the first step.
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    for layer in model.model.encoder.layers:
+        assert layer.attention.o_proj.weight.grad.abs().sum() > 0
 
 
 def test_tokenizer_is_saved_with_the_new_model_max_length(tmp_path, source_checkpoint):

@@ -66,6 +66,23 @@ def test_seq2seq_warm_start_copies_the_encoder_layers_into_the_decoder(
         assert dropped == {"pooler.dense.weight", "pooler.dense.bias"}
 
 
+def test_seq2seq_fsat_warm_start_gives_the_source_attention_to_the_dense_decoder(tmp_path, source_checkpoint):
+    """FSAT's encoder starts its keys and values fresh; its decoder's attention is dense, so it takes them all."""
+    folder, source = source_checkpoint("BertForMaskedLM")
+    report = convert_checkpoint(str(folder), "fsat", NEW_LENGTH, tmp_path / "out", seq2seq=True)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
+    for i, source_layer in enumerate(source.bert.encoder.layer):
+        decoder_attention = model.model.decoder.layers[i].self_attn
+        torch.testing.assert_close(decoder_attention.k_proj.weight, source_layer.attention.self.key.weight)
+        torch.testing.assert_close(decoder_attention.o_proj.weight, source_layer.attention.output.dense.weight)
+        assert not model.model.encoder.layers[i].attention.o_proj.weight.any()
+    key = "bert.encoder.layer.0.attention.self.key.weight"
+    assert key in {row["source"] for row in report.not_carried}
+    assert [row["destination"] for row in report.mapped if row["source"] == key] == [
+        "model.decoder.layers.0.self_attn.k_proj.weight"
+    ]
+
+
 def test_seq2seq_warm_start_can_drop_the_masked_lm_transform(tmp_path, source_checkpoint):
     folder, _ = source_checkpoint("BertForMaskedLM")
     report = convert_checkpoint(

@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""FSAT's warm-start rule, ablated (issue 21): the conversion's rule against carrying BERT's attention, and scratch.
+
+The conversion starts FSAT's keys and values fresh and its output projection at zero
+(`FSATAttention.not_from_source`): FSAT projects keys and values from its pooled cross, which a BERT checkpoint's
+`W_K` / `W_V` never read. Until that rule, they were carried like every other family's. This script measures both
+rules from one source, next to the same architecture from scratch, with the budgets of `warm_start_evidence.py`
+(masked-LM loss after conversion, 60 continued steps at 2048 tokens, SST-2 with two seeds, IMDB), and writes
+`scripts/results/warm-start/fsat-rule.json`.
+
+The source is the first one of `warm_start_evidence.py` (its steps `data` and `source`; about 30 minutes of one
+thread here). The main table's longer source adds `source_long` (bf16 on two threads, over two hours on this CPU
+today), so the rule was compared on the first source. Run from the repository root:
+
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py data
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py source
+    OMP_NUM_THREADS=1 python scripts/fsat_warm_start_rule.py --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import warm_start_evidence as evidence
+
+SOURCE = evidence.FIRST_SOURCE
+WORK = evidence.WORK / "fsat-rule"
+RULES = ("fresh", "carried")
+#: BERT's attention tensors of layer `i` and the FSAT parameters the earlier rule loaded them into.
+CARRIED = {
+    "attention.self.key": "attention.k_proj",
+    "attention.self.value": "attention.v_proj",
+    "attention.output.dense": "attention.o_proj",
+}
+
+
+def carry_source_attention(converted: Path, output: Path) -> None:
+    """The earlier rule: `converted` (an FSAT conversion of `SOURCE`) with the source's `W_K`, `W_V` and `W_O` put
+    back into every encoder layer, saved to `output` with the tokenizer."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForMaskedLM
+
+    import attnzoo  # noqa: F401  (registers the families)
+
+    source = load_file(str(evidence.ROOT / SOURCE / "model.safetensors"))
+    model = AutoModelForMaskedLM.from_pretrained(evidence.ROOT / converted)
+    state = model.state_dict()
+    for i in range(model.config.num_hidden_layers):
+        for bert, zoo in CARRIED.items():
+            for kind in ("weight", "bias"):
+                state[f"model.encoder.layers.{i}.{zoo}.{kind}"] = source[f"bert.encoder.layer.{i}.{bert}.{kind}"]
+    model.load_state_dict(state)
+    model.save_pretrained(evidence.ROOT / output)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(evidence.ROOT / converted / name, evidence.ROOT / output / name)
+
+
+def convert(rule: str, length: int) -> dict[str, Any]:
+    fresh = WORK / "converted" / f"fresh-{length}"
+    command = [
+        "scripts/convert_checkpoint.py",
+        "--model_name_or_path", str(SOURCE),
+        "--family", "fsat",
+        "--max_position_embeddings", str(length),
+        "--output_dir", str(fresh),
+    ]  # fmt: skip
+    record: dict[str, Any] = {"command": evidence.shell_command(command)}
+    if not (evidence.ROOT / fresh / "conversion_report.json").is_file():
+        record = evidence.run(f"fsat-rule-convert-{length}", command)
+    output = WORK / "converted" / f"{rule}-{length}"
+    if rule == "carried":
+        record = {"from": str(fresh), "then": "carry_source_attention (W_K, W_V, W_O of every layer from the source)"}
+        if not (evidence.ROOT / output / "config.json").is_file():
+            carry_source_attention(fresh, output)
+    record["eval_128"] = evidence.mlm_eval(f"fsat-rule-{rule}-{length}", output, 128, evidence.EVAL_BLOCKS_128)
+    return record
+
+
+def finetunes(task: str, data: dict[str, Any], warm: dict[str, Path], seed: str) -> dict[str, Any]:
+    """Each rule's warm start and the scratch model (the fresh conversion's config) on `task` with `seed`."""
+    runs = f"{task}-seed{seed}"
+    scratch = WORK / "converted" / "fresh-512"
+    models = {rule: ["--model_name_or_path", str(path)] for rule, path in warm.items()}
+    models["scratch"] = ["--config_path", str(scratch), "--tokenizer_name_or_path", str(scratch)]
+    tasks = {
+        start: lambda start=start, model=model: evidence.finetune(
+            f"fsat-rule-{runs}-{start}", WORK / runs / start, model, task, data, seed
+        )
+        for start, model in models.items()
+    }
+    return {"budget": data, "seed": seed, **evidence.in_parallel(tasks)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1, help="programs run at once, one thread each (default 1)")
+    evidence.JOBS = parser.parse_args(argv).jobs
+    results: dict[str, Any] = {"ran_on": evidence._commit(), "jobs": evidence.JOBS, "source": str(SOURCE)}
+    results["source_eval_128"] = evidence.mlm_eval("first-source", SOURCE, 128, evidence.EVAL_BLOCKS_128)
+    # One after the other: a carried conversion starts from the fresh one of its length.
+    results["convert"] = {f"{rule}-{n}": convert(rule, n) for n in evidence.LENGTHS for rule in RULES}
+    results["continue"] = evidence.in_parallel(
+        {
+            rule: lambda rule=rule: evidence.run_continued(
+                f"fsat-rule-continue-{rule}",
+                ["--model_name_or_path", str(WORK / "converted" / f"{rule}-2048")],
+                WORK / "continue" / rule,
+            )
+            for rule in RULES
+        }
+    )
+    converted = {rule: WORK / "converted" / f"{rule}-512" for rule in RULES}
+    for seed in (evidence.SEED, evidence.SECOND_SEED):
+        results[f"sst2-seed{seed}"] = finetunes("sst2", evidence.SST2, converted, seed)
+    continued = {rule: WORK / "continue" / rule for rule in RULES}
+    results["imdb"] = finetunes("imdb", evidence.IMDB, continued, evidence.SEED)
+    path = evidence.ROOT / evidence.RESULTS / "fsat-rule.json"
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
