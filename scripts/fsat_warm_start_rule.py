@@ -5,8 +5,8 @@ The conversion starts FSAT's keys and values fresh and its output projection at 
 (`FSATAttention.not_from_source`): FSAT projects keys and values from its pooled cross, which a BERT checkpoint's
 `W_K` / `W_V` never read. Until that rule, they were carried like every other family's. This script measures both
 rules from one source, next to the same architecture from scratch, with the budgets of `warm_start_evidence.py`
-(masked-LM loss after conversion, 60 continued steps at 2048 tokens, SST-2 with two seeds, IMDB), and writes
-`scripts/results/warm-start/fsat-rule.json`.
+(masked-LM loss after conversion, 60 continued steps at 2048 tokens beside the dense family's, SST-2 with two seeds,
+IMDB), and writes `scripts/results/warm-start/fsat-rule.json`.
 
 The source is the first one of `warm_start_evidence.py` (its steps `data` and `source`; about 30 minutes of one
 thread here). The main table's longer source adds `source_long` (bf16 on two threads, over two hours on this CPU
@@ -92,7 +92,29 @@ def finetunes(task: str, data: dict[str, Any], warm: dict[str, Path], seed: str)
         )
         for start, model in models.items()
     }
-    return {"budget": data, "seed": seed, **evidence.in_parallel(tasks)}
+    return {"budget": data, "seed": seed, **evidence.in_parallel(tasks), "paired": paired(WORK / runs)}
+
+
+def right_answers(run: Path) -> list[bool]:
+    """Whether a fine-tuned run got each held-back example right (from `run_glue.py`'s predictions file)."""
+    lines = (evidence.ROOT / run / evidence.PREDICTIONS).read_text(encoding="utf-8").splitlines()[1:]
+    return [label == guess for _, label, guess in (line.split("\t") for line in lines)]
+
+
+def paired(runs: Path) -> dict[str, Any]:
+    """The fresh rule's warm start against scratch and against the carried rule, example by example (McNemar)."""
+    right = {start: right_answers(runs / start) for start in (*RULES, "scratch")}
+    results = {}
+    for other in ("scratch", "carried"):
+        pairs = list(zip(right["fresh"], right[other], strict=True))
+        only_fresh = sum(fresh and not rival for fresh, rival in pairs)
+        only_other = sum(rival and not fresh for fresh, rival in pairs)
+        results[f"fresh_vs_{other}"] = {
+            "only_fresh_right": only_fresh,
+            f"only_{other}_right": only_other,
+            "mcnemar_p": evidence.mcnemar(only_fresh, only_other),
+        }
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,14 +125,17 @@ def main(argv: list[str] | None = None) -> None:
     results["source_eval_128"] = evidence.mlm_eval("first-source", SOURCE, 128, evidence.EVAL_BLOCKS_128)
     # One after the other: a carried conversion starts from the fresh one of its length.
     results["convert"] = {f"{rule}-{n}": convert(rule, n) for n in evidence.LENGTHS for rule in RULES}
+    # The dense family from the same source is the yardstick of the continued loss (`--family` converts it).
+    continued_models = {rule: ["--model_name_or_path", str(WORK / "converted" / f"{rule}-2048")] for rule in RULES}
+    continued_models["dense_transformer"] = [
+        "--model_name_or_path", str(SOURCE), "--family", "dense_transformer", "--max_position_embeddings", "2048",
+    ]  # fmt: skip
     results["continue"] = evidence.in_parallel(
         {
-            rule: lambda rule=rule: evidence.run_continued(
-                f"fsat-rule-continue-{rule}",
-                ["--model_name_or_path", str(WORK / "converted" / f"{rule}-2048")],
-                WORK / "continue" / rule,
+            name: lambda name=name, model=model: evidence.run_continued(
+                f"fsat-rule-continue-{name}", model, WORK / "continue" / name
             )
-            for rule in RULES
+            for name, model in continued_models.items()
         }
     )
     converted = {rule: WORK / "converted" / f"{rule}-512" for rule in RULES}
