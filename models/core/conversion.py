@@ -89,6 +89,10 @@ def convert_bert_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Rename a BERT/RoBERTa state dict to the zoo's layout.
 
+    Only renames: every attention projection gets its zoo name, including those a method does not take from BERT
+    (`ZooAttention.not_from_source`, e.g. FSAT's keys and values); [`~attnzoo.conversion.convert_checkpoint`]
+    applies those rules, positions beyond the source's and the report.
+
     Args:
         state_dict (`dict`): weights of `BertModel`/`BertFor*`/`RobertaModel`/`RobertaFor*` (with or without the
             `bert.`/`roberta.` prefix).
