@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,8 @@ import warm_start_evidence as evidence
 SOURCE = evidence.FIRST_SOURCE
 WORK = evidence.WORK / "fsat-rule"
 RULES = ("fresh", "carried")
-#: BERT's attention tensors of layer `i` and the FSAT parameters the earlier rule loaded them into.
-CARRIED = {
-    "attention.self.key": "attention.k_proj",
-    "attention.self.value": "attention.v_proj",
-    "attention.output.dense": "attention.o_proj",
-}
+#: The zoo parameters (after `zoo_name`) that the earlier rule took from the source and the current one does not.
+EARLIER_RULE = re.compile(r"^encoder\.layers\.\d+\.attention\.[kvo]_proj\.")
 
 
 def carry_source_attention(converted: Path, output: Path) -> None:
@@ -45,14 +42,14 @@ def carry_source_attention(converted: Path, output: Path) -> None:
     from transformers import AutoModelForMaskedLM
 
     import attnzoo  # noqa: F401  (registers the families)
+    from attnzoo.core.conversion import zoo_name
 
-    source = load_file(str(evidence.ROOT / SOURCE / "model.safetensors"))
     model = AutoModelForMaskedLM.from_pretrained(evidence.ROOT / converted)
     state = model.state_dict()
-    for i in range(model.config.num_hidden_layers):
-        for bert, zoo in CARRIED.items():
-            for kind in ("weight", "bias"):
-                state[f"model.encoder.layers.{i}.{zoo}.{kind}"] = source[f"bert.encoder.layer.{i}.{bert}.{kind}"]
+    for name, tensor in load_file(str(evidence.ROOT / SOURCE / "model.safetensors")).items():
+        destination = zoo_name(name)
+        if destination is not None and EARLIER_RULE.match(destination):
+            state[f"model.{destination}"] = tensor
     model.load_state_dict(state)
     model.save_pretrained(evidence.ROOT / output)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -96,9 +93,8 @@ def finetunes(task: str, data: dict[str, Any], warm: dict[str, Path], seed: str)
 
 
 def right_answers(run: Path) -> list[bool]:
-    """Whether a fine-tuned run got each held-back example right (from `run_glue.py`'s predictions file)."""
-    lines = (evidence.ROOT / run / evidence.PREDICTIONS).read_text(encoding="utf-8").splitlines()[1:]
-    return [label == guess for _, label, guess in (line.split("\t") for line in lines)]
+    """Whether a fine-tuned run got each held-back example right."""
+    return [label == guess for label, guess in evidence.read_predictions(run)]
 
 
 def paired(runs: Path) -> dict[str, Any]:
@@ -106,9 +102,7 @@ def paired(runs: Path) -> dict[str, Any]:
     right = {start: right_answers(runs / start) for start in (*RULES, "scratch")}
     results = {}
     for other in ("scratch", "carried"):
-        pairs = list(zip(right["fresh"], right[other], strict=True))
-        only_fresh = sum(fresh and not rival for fresh, rival in pairs)
-        only_other = sum(rival and not fresh for fresh, rival in pairs)
+        only_fresh, only_other = evidence.discordant(right["fresh"], right[other])
         results[f"fresh_vs_{other}"] = {
             "only_fresh_right": only_fresh,
             f"only_{other}_right": only_other,

@@ -586,8 +586,19 @@ def _predictions(task: str, data: dict[str, Any], name: str) -> list[tuple[str, 
             *QUIET,
         ]  # fmt: skip
         run(f"predict-{task}-{name}", command, folder)
+    return read_predictions(folder)
+
+
+def read_predictions(folder: Path) -> list[tuple[str, str]]:
+    """(label, prediction) per example of the `run_glue.py` predictions file in `folder`."""
     lines = (ROOT / folder / PREDICTIONS).read_text(encoding="utf-8").splitlines()[1:]
     return [tuple(line.split("\t")[1:]) for line in lines]
+
+
+def discordant(first: list[bool], second: list[bool]) -> tuple[int, int]:
+    """How many examples only `first` gets right and how many only `second` does (same examples, same order)."""
+    pairs = list(zip(first, second, strict=True))
+    return sum(a and not b for a, b in pairs), sum(b and not a for a, b in pairs)
 
 
 def mcnemar(only_first: int, only_second: int) -> float:
@@ -616,8 +627,7 @@ def _paired(task: str) -> dict[str, Any]:
             accuracy, reported = sum(hits) / len(hits), recorded[family][name]["eval_accuracy"]
             if abs(accuracy - reported) > 1e-9:
                 raise ValueError(f"{task}/{family}-{name}: predictions give {accuracy}, the run reported {reported}")
-        only_warm = sum(w and not c for w, c in zip(right["warm"], right["scratch"], strict=True))
-        only_scratch = sum(c and not w for w, c in zip(right["warm"], right["scratch"], strict=True))
+        only_warm, only_scratch = discordant(right["warm"], right["scratch"])
         results[family] = {
             "examples": len(warm),
             "only_warm_right": only_warm,
