@@ -31,7 +31,8 @@ import warm_start_evidence as evidence
 SOURCE = evidence.FIRST_SOURCE
 WORK = evidence.WORK / "fsat-rule"
 RULES = ("fresh", "carried")
-#: The zoo parameters (after `zoo_name`) that the earlier rule took from the source and the current one does not.
+#: FSAT's key, value and output projections (zoo names, after `zoo_name`): the earlier rule took all of them from
+#: the source; the current one takes only the output bias.
 EARLIER_RULE = re.compile(r"^encoder\.layers\.\d+\.attention\.[kvo]_proj\.")
 
 
