@@ -6,15 +6,18 @@ The conversion starts FSAT's keys and values fresh and its output projection at 
 `W_K` / `W_V` never read. Until that rule, they were carried like every other family's. This script measures both
 rules from one source, next to the same architecture from scratch, with the budgets of `warm_start_evidence.py`
 (masked-LM loss after conversion, 60 continued steps at 2048 tokens beside the dense family's, SST-2 with two seeds,
-IMDB), and writes `scripts/results/warm-start/fsat-rule.json`.
+IMDB), and writes the results to `scripts/results/warm-start/`.
 
-The source is the first one of `warm_start_evidence.py` (its steps `data` and `source`; about 30 minutes of one
-thread here). The main table's longer source adds `source_long` (bf16 on two threads, over two hours on this CPU
-today), so the rule was compared on the first source. Run from the repository root:
+`--source first` (the default) starts from the first source of `warm_start_evidence.py` (its steps `data` and
+`source`; about 30 minutes of one thread here) and writes `fsat-rule.json`; `--source long` starts from the main
+table's longer source (the step `source_long`, about an hour more) and writes `fsat-rule-long.json`. Run from the
+repository root:
 
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py data
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py source
     OMP_NUM_THREADS=1 python scripts/fsat_warm_start_rule.py --jobs 2
+    OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py source_long --fp32
+    OMP_NUM_THREADS=1 python scripts/fsat_warm_start_rule.py --jobs 2 --source long
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from typing import Any
 
 import warm_start_evidence as evidence
 
-SOURCE = evidence.FIRST_SOURCE
-WORK = evidence.WORK / "fsat-rule"
+#: Each source (`--source`): its folder, and the name of this script's work folder, logs and results.
+SOURCES = {"first": (evidence.FIRST_SOURCE, "fsat-rule"), "long": (evidence.LONG_SOURCE_DIR, "fsat-rule-long")}
+SOURCE, NAME = SOURCES["first"]
+WORK = evidence.WORK / NAME
 RULES = ("fresh", "carried")
 #: FSAT's key, value and output projections (zoo names, after `zoo_name`): the earlier rule took all of them from
 #: the source; the current one takes only the output bias.
@@ -68,13 +73,13 @@ def convert(rule: str, length: int) -> dict[str, Any]:
     ]  # fmt: skip
     record: dict[str, Any] = {"command": evidence.shell_command(command)}
     if not (evidence.ROOT / fresh / "conversion_report.json").is_file():
-        record = evidence.run(f"fsat-rule-convert-{length}", command)
+        record = evidence.run(f"{NAME}-convert-{length}", command)
     output = WORK / "converted" / f"{rule}-{length}"
     if rule == "carried":
         record = {"from": str(fresh), "then": "carry_source_attention (W_K, W_V, W_O of every layer from the source)"}
         if not (evidence.ROOT / output / "config.json").is_file():
             carry_source_attention(fresh, output)
-    record["eval_128"] = evidence.mlm_eval(f"fsat-rule-{rule}-{length}", output, 128, evidence.EVAL_BLOCKS_128)
+    record["eval_128"] = evidence.mlm_eval(f"{NAME}-{rule}-{length}", output, 128, evidence.EVAL_BLOCKS_128)
     return record
 
 
@@ -86,7 +91,7 @@ def finetunes(task: str, data: dict[str, Any], warm: dict[str, Path], seed: str)
     models["scratch"] = ["--config_path", str(scratch), "--tokenizer_name_or_path", str(scratch)]
     tasks = {
         start: lambda start=start, model=model: evidence.finetune(
-            f"fsat-rule-{runs}-{start}", WORK / runs / start, model, task, data, seed
+            f"{NAME}-{runs}-{start}", WORK / runs / start, model, task, data, seed
         )
         for start, model in models.items()
     }
@@ -115,9 +120,14 @@ def paired(runs: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1, help="programs run at once, one thread each (default 1)")
-    evidence.JOBS = parser.parse_args(argv).jobs
+    parser.add_argument("--source", choices=SOURCES, default="first", help="the source checkpoint (default first)")
+    args = parser.parse_args(argv)
+    global SOURCE, NAME, WORK
+    SOURCE, NAME = SOURCES[args.source]
+    WORK = evidence.WORK / NAME
+    evidence.JOBS = args.jobs
     results: dict[str, Any] = {"ran_on": evidence._commit(), "jobs": evidence.JOBS, "source": str(SOURCE)}
-    results["source_eval_128"] = evidence.mlm_eval("first-source", SOURCE, 128, evidence.EVAL_BLOCKS_128)
+    results["source_eval_128"] = evidence.mlm_eval(f"{args.source}-source", SOURCE, 128, evidence.EVAL_BLOCKS_128)
     # One after the other: a carried conversion starts from the fresh one of its length.
     results["convert"] = {f"{rule}-{n}": convert(rule, n) for n in evidence.LENGTHS for rule in RULES}
     # The dense family from the same source is the yardstick of the continued loss (`--family` converts it).
@@ -128,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     results["continue"] = evidence.in_parallel(
         {
             name: lambda name=name, model=model: evidence.run_continued(
-                f"fsat-rule-continue-{name}", model, WORK / "continue" / name
+                f"{NAME}-continue-{name}", model, WORK / "continue" / name
             )
             for name, model in continued_models.items()
         }
@@ -138,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         results[f"sst2-seed{seed}"] = finetunes("sst2", evidence.SST2, converted, seed)
     continued = {rule: WORK / "continue" / rule for rule in RULES}
     results["imdb"] = finetunes("imdb", evidence.IMDB, continued, evidence.SEED)
-    path = evidence.ROOT / evidence.RESULTS / "fsat-rule.json"
+    path = evidence.ROOT / evidence.RESULTS / f"{NAME}.json"
     path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(results, indent=2))
 
