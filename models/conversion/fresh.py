@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -26,9 +28,9 @@ def describe_init(model: nn.Module, name: str, initializer_range: float) -> str:
     spread offsets, SBM's cluster embeddings, ...).
     """
     owner_name, _, attribute = name.rpartition(".")
-    owner = model.get_submodule(owner_name) if owner_name else model
+    owner = model.get_submodule(owner_name)
     values = _values(getattr(owner, attribute).detach().float())
-    warm_start = _warm_start_rule(model, name)
+    warm_start = _warm_start_rule(model, owner_name, attribute)
     if warm_start is not None:
         return f"{warm_start}: {values}"
     for module_type, (weight_rule, bias_rule) in _STANDARD_RULES.items():
@@ -49,24 +51,32 @@ def _values(tensor: torch.Tensor) -> str:
     return f"mean {tensor.mean().item():.3g}, std {std:.3g}, range [{low:.3g}, {high:.3g}]"
 
 
-def _warm_start_rule(model: nn.Module, name: str) -> str | None:
-    """`<Attention>.init_for_warm_start` when `name` is one of an attention's `not_from_source` parameters."""
-    parts = name.split(".")
-    for end in range(len(parts) - 1, 0, -1):
-        module = model.get_submodule(".".join(parts[:end]))
-        if isinstance(module, ZooAttention):
-            local = ".".join(parts[end:])
-            return f"{type(module).__name__}.init_for_warm_start" if local in module.not_from_source else None
+def _nearest(model: nn.Module, path: str, accepts: Callable[[nn.Module], bool]) -> tuple[nn.Module, str] | None:
+    """The innermost module along the dotted module `path` (the model itself last) that `accepts`, with the rest of
+    the path below it; None when no module on the way does."""
+    parts = path.split(".") if path else []
+    for end in range(len(parts), -1, -1):
+        module = model.get_submodule(".".join(parts[:end]))  # "" is the model itself
+        if accepts(module):
+            return module, ".".join(parts[end:])
     return None
+
+
+def _warm_start_rule(model: nn.Module, owner_name: str, attribute: str) -> str | None:
+    """`<Attention>.init_for_warm_start` when the parameter is one of an attention's `not_from_source` ones."""
+    found = _nearest(model, owner_name, lambda module: isinstance(module, ZooAttention))
+    if found is None:
+        return None
+    attention, below = found
+    local = f"{below}.{attribute}" if below else attribute
+    return f"{type(attention).__name__}.init_for_warm_start" if local in attention.not_from_source else None
 
 
 def _method_rule(model: nn.Module, owner_name: str) -> str:
     """`<Class>.init_method_weights` of the nearest enclosing module that defines it, else the owner's
     constructor (the parameter then holds what the module created it with)."""
-    parts = owner_name.split(".") if owner_name else []
-    for end in range(len(parts), -1, -1):
-        module = model.get_submodule(".".join(parts[:end])) if end else model
-        if hasattr(module, "init_method_weights"):
-            return f"{type(module).__name__}.init_method_weights"
-    owner = model.get_submodule(owner_name) if owner_name else model
+    found = _nearest(model, owner_name, lambda module: hasattr(module, "init_method_weights"))
+    if found is not None:
+        return f"{type(found[0]).__name__}.init_method_weights"
+    owner = model.get_submodule(owner_name)
     return f"{type(owner).__name__} constructor"
