@@ -24,6 +24,7 @@ interrupted step resumes where it stopped. Run the steps in this order:
 reruns a step for some families only (after a change to their code: move their output folders away first); their
 records replace the earlier ones in the step's JSON, each stamped with the commit it ran on, and every other record
 stays. Models and data go to `outputs/warm-start/` (git-ignored). Budgets are the constants below.
+`source_long --fp32` trains without bf16 autocast, for a CPU without AMX (`LONG_SOURCE_BF16`).
 """
 
 from __future__ import annotations
