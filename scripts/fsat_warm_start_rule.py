@@ -10,8 +10,8 @@ IMDB), and writes the results to `scripts/results/warm-start/`.
 
 `--source first` (the default) starts from the first source of `warm_start_evidence.py` (its steps `data` and
 `source`; about 30 minutes of one thread here) and writes `fsat-rule.json`; `--source long` starts from the main
-table's longer source (the step `source_long`, about an hour more) and writes `fsat-rule-long.json`. Run from the
-repository root:
+table's longer source (the step `source_long`, 75 more minutes of two threads here) and writes
+`fsat-rule-long.json`. Run from the repository root:
 
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py data
     OMP_NUM_THREADS=1 python scripts/warm_start_evidence.py source
