@@ -36,6 +36,7 @@ FIXED_BY_SOURCE = (
     "pre_norm",
     "decoder_layers",
     "max_position_embeddings",
+    "position_embedding_type",
 )
 
 

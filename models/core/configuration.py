@@ -10,6 +10,7 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
 from ..kernels.dispatch import ATTENTION_BACKENDS
+from .positions import POSITION_EMBEDDING_TYPES
 
 POOLING_TYPES = ("cls", "mean", "attention")
 
@@ -42,7 +43,13 @@ class ZooConfig(PreTrainedConfig):
         attention_probs_dropout_prob (`float`, *optional*, defaults to 0.1):
             Dropout on attention probabilities.
         max_position_embeddings (`int`, *optional*, defaults to 4096):
-            Longest sequence the learned absolute position embeddings cover; longer inputs raise `ValueError`.
+            Longest encoder input (rows of the position table); longer inputs raise `ValueError`.
+        position_embedding_type (`str`, *optional*, defaults to `"absolute"`):
+            Encoder positions: `"absolute"` (BERT's learned table, one trained row per position; what BERT/RoBERTa
+            checkpoints convert to) or `"sinusoidal"` (the fixed sine/cosine table of Vaswani et al., 2017, as in
+            the Long Range Arena encoders: no parameters, so positions that few training inputs reach are still
+            well defined, and an offset between two tokens reads the same at every position). The seq2seq decoder
+            keeps learned positions.
         type_vocab_size (`int`, *optional*, defaults to 2):
             Number of token types (segments) of the encoder.
         initializer_range (`float`, *optional*, defaults to 0.02):
@@ -109,6 +116,7 @@ class ZooConfig(PreTrainedConfig):
     hidden_dropout_prob: float | int = 0.1
     attention_probs_dropout_prob: float | int = 0.1
     max_position_embeddings: int = 4096
+    position_embedding_type: str = "absolute"
     type_vocab_size: int = 2
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
@@ -179,6 +187,15 @@ class ZooConfig(PreTrainedConfig):
             raise ValueError(f"`classifier_dropout` must be in [0, 1) or None, got {self.classifier_dropout}.")
         if self.num_global_tokens < 0:
             raise ValueError(f"`num_global_tokens` must be >= 0, got {self.num_global_tokens}.")
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"`position_embedding_type` must be one of {POSITION_EMBEDDING_TYPES}, got "
+                f"{self.position_embedding_type!r}."
+            )
+        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
+            raise ValueError(
+                f"`position_embedding_type='sinusoidal'` needs an even `hidden_size`, got {self.hidden_size}."
+            )
         if self.classifier_pooling not in POOLING_TYPES:
             raise ValueError(f"`classifier_pooling` must be one of {POOLING_TYPES}, got {self.classifier_pooling!r}.")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -12,6 +12,7 @@ from .configuration import ZooConfig
 from .layers import DecoderLayer, EncoderLayer
 from .masking import key_valid_from_attention_mask
 from .outputs import ZooDecoderOutput, ZooModelOutput
+from .positions import sinusoidal_table
 
 
 def check_inputs(
@@ -41,16 +42,34 @@ def check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
 
 
 class Embeddings(nn.Module):
-    """Token + learned absolute position + token type embeddings, LayerNorm and dropout (BERT layout)."""
+    """Token + position + token type embeddings, LayerNorm and dropout (BERT layout).
+
+    Positions are BERT's learned table (`position_embedding_type="absolute"`, the module `position_embeddings`) or
+    a fixed sinusoidal one (`"sinusoidal"`, the non-persistent buffer `position_table`: nothing to save or load).
+    """
 
     def __init__(self, config: ZooConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        if config.position_embedding_type == "sinusoidal":
+            self.register_buffer("position_table", self.sinusoids(config), persistent=False)
+        else:
+            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.type_vocab_size = config.type_vocab_size
+
+    @staticmethod
+    def sinusoids(config: ZooConfig) -> torch.Tensor:
+        """`(max_position_embeddings, hidden_size)` table at the scale of a freshly initialised embedding row."""
+        scale = config.initializer_range * 2**0.5
+        return sinusoidal_table(config.max_position_embeddings, config.hidden_size, scale)
+
+    def position_vectors(self, position_ids: torch.Tensor) -> torch.Tensor:
+        if hasattr(self, "position_table"):
+            return self.position_table[position_ids].to(self.word_embeddings.weight.dtype)
+        return self.position_embeddings(position_ids)
 
     def forward(
         self,
@@ -70,7 +89,7 @@ class Embeddings(nn.Module):
             if bool((token_type_ids >= self.type_vocab_size).any()):
                 raise ValueError(f"`token_type_ids` must be < `type_vocab_size` ({self.type_vocab_size}).")
             type_embeds = self.token_type_embeddings(token_type_ids)
-        embeddings = inputs_embeds + self.position_embeddings(position_ids) + type_embeds
+        embeddings = inputs_embeds + self.position_vectors(position_ids) + type_embeds
         return self.dropout(self.LayerNorm(embeddings))
 
 

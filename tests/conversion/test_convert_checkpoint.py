@@ -194,6 +194,8 @@ def test_config_overrides_set_method_fields_but_not_sizes(tmp_path, source_check
     assert AutoModelForMaskedLM.from_pretrained(tmp_path / "a").config.num_samples == 7
     with pytest.raises(ConversionError, match="hidden_size"):
         convert_checkpoint(str(folder), "smart_bird", NEW_LENGTH, tmp_path / "b", config_overrides="hidden_size=64")
+    with pytest.raises(ConversionError, match="position_embedding_type"):  # the source's learned table is carried
+        convert_checkpoint(str(folder), "smart_bird", NEW_LENGTH, tmp_path / "d", "position_embedding_type=sinusoidal")
     with pytest.raises(ValueError, match="num_sample_points"):
         convert_checkpoint(str(folder), "smart_bird", NEW_LENGTH, tmp_path / "c", "num_sample_points=3")
 

@@ -1,0 +1,126 @@
+"""Encoder positions: BERT's learned table or the fixed sinusoidal one (`position_embedding_type`), every family."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnzoo.core.positions import sinusoidal_table
+from attnzoo.registry import FAMILIES
+from attnzoo.testing import load_config
+
+FAMILY_NAMES = sorted(FAMILIES)
+
+
+def _config(model_type: str, **overrides):
+    fields = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, **overrides}
+    return load_config(FAMILIES[model_type], "tiny", **fields)
+
+
+def _classifier(model_type: str, **overrides):
+    torch.manual_seed(0)
+    return FAMILIES[model_type].sequence_classification_class(_config(model_type, **overrides)).eval()
+
+
+def test_table_is_the_sine_cosine_formula():
+    table = sinusoidal_table(50, 8, scale=0.5)
+    for p in (0, 1, 17, 49):
+        for i in range(4):
+            angle = p / 10000 ** (2 * i / 8)
+            assert table[p, 2 * i].item() == pytest.approx(0.5 * math.sin(angle), abs=1e-6)
+            assert table[p, 2 * i + 1].item() == pytest.approx(0.5 * math.cos(angle), abs=1e-6)
+
+
+def test_an_offset_is_the_same_rotation_at_every_position():
+    """Why the table suits long inputs: row p + k is a fixed linear map of row p, whatever p is."""
+    table = sinusoidal_table(4096, 16, scale=1.0).double()
+    offset = 37
+    # Least-squares map fitted on every 7th row (the slow frequencies need the whole range to be determined),
+    # then checked on all the other rows: exact (to round-off) only if the same map serves every position.
+    fit = torch.arange(0, 4096 - offset, 7)
+    rotation = torch.linalg.lstsq(table[fit], table[fit + offset]).solution  # (16, 16)
+    rest = torch.tensor([p for p in range(4096 - offset) if p % 7])
+    assert torch.allclose(table[rest] @ rotation, table[rest + offset], atol=1e-5)  # fp32 table
+    # A learned-like table (random rows) has no such map.
+    noise = torch.randn(4096, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    noise_map = torch.linalg.lstsq(noise[fit], noise[fit + offset]).solution
+    assert not torch.allclose(noise[rest] @ noise_map, noise[rest + offset], atol=1e-2)
+
+
+def test_table_has_the_scale_of_a_fresh_embedding_row():
+    config = _config("dense_transformer", position_embedding_type="sinusoidal")
+    model = FAMILIES["dense_transformer"].model_class(config)
+    table = model.encoder.embeddings.position_table
+    words = model.encoder.embeddings.word_embeddings.weight
+    assert table.pow(2).mean().sqrt().item() == pytest.approx(config.initializer_range, rel=1e-3)
+    assert table.pow(2).mean().sqrt().item() == pytest.approx(words.pow(2).mean().sqrt().item(), rel=0.1)
+
+
+@pytest.mark.parametrize("model_type", FAMILY_NAMES)
+def test_sinusoidal_encoder_adds_the_table_and_saves_no_position_tensor(model_type, tmp_path):
+    model = _classifier(model_type, position_embedding_type="sinusoidal")
+    embeddings = model.base_model.encoder.embeddings
+    assert not hasattr(embeddings, "position_embeddings")
+    assert not [name for name in model.state_dict() if "encoder.embeddings.position" in name]
+    ids = torch.randint(5, model.config.vocab_size, (2, 40))
+    expected = embeddings.LayerNorm(
+        embeddings.word_embeddings(ids) + embeddings.position_table[:40] + embeddings.token_type_embeddings.weight[0]
+    )
+    assert torch.allclose(embeddings(ids, None, None, None), expected)
+
+    mask = torch.ones_like(ids)
+    mask[1, 25:] = 0
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path).eval()
+    assert reloaded.config.position_embedding_type == "sinusoidal"
+    torch.testing.assert_close(reloaded.base_model.encoder.embeddings.position_table, embeddings.position_table)
+    torch.testing.assert_close(reloaded(input_ids=ids, attention_mask=mask).logits, logits)
+
+
+@pytest.mark.parametrize("model_type", ["dense_transformer", "sparse_transformer"])
+def test_position_order_still_matters(model_type):
+    """Fixed positions are positions: permuting the tokens changes a first-token summary."""
+    model = FAMILIES[model_type].model_class(_config(model_type, position_embedding_type="sinusoidal")).eval()
+    ids = torch.randint(5, model.config.vocab_size, (1, 32))
+    swapped = ids.clone()
+    swapped[0, 1:] = ids[0, 1:].flip(0)
+    first = model(input_ids=ids).last_hidden_state[0, 0]
+    assert not torch.allclose(first, model(input_ids=swapped).last_hidden_state[0, 0], atol=1e-4)
+
+
+def test_meta_device_build_is_initialised_to_the_table():
+    """`from_pretrained` builds on the meta device and initialises what was not loaded: the buffer must come back."""
+    config = _config("sparse_transformer", position_embedding_type="sinusoidal")
+    model_class = FAMILIES["sparse_transformer"].model_class
+    with torch.device("meta"):
+        model = model_class(config)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    expected = sinusoidal_table(config.max_position_embeddings, config.hidden_size, config.initializer_range * 2**0.5)
+    torch.testing.assert_close(model.encoder.embeddings.position_table, expected)
+
+
+def test_training_leaves_the_table_fixed():
+    model = _classifier("sparse_transformer", position_embedding_type="sinusoidal").train()
+    table = model.base_model.encoder.embeddings.position_table.clone()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids = torch.randint(5, model.config.vocab_size, (4, 40))
+    model(input_ids=ids, labels=torch.tensor([0, 1, 0, 1])).loss.backward()
+    optimizer.step()
+    assert torch.equal(model.base_model.encoder.embeddings.position_table, table)
+
+
+def test_bad_position_settings_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="position_embedding_type"):
+        _config("dense_transformer", position_embedding_type="rotary")
+    with pytest.raises(ValueError, match="even `hidden_size`"):
+        _config("dense_transformer", position_embedding_type="sinusoidal", hidden_size=27, num_attention_heads=3)
+
+
+def test_default_stays_learned_so_bert_checkpoints_and_v0_1_models_load():
+    model = _classifier("dense_transformer")
+    assert model.config.position_embedding_type == "absolute"
+    assert "model.encoder.embeddings.position_embeddings.weight" in model.state_dict()
