@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import json
 import random
 
@@ -39,6 +40,7 @@ from attnzoo.training.long_eval.tasks import (
     Example,
     TaskData,
     epoch_stream,
+    position_reach,
 )
 
 # the module (the package exports a function of the same name)
@@ -79,6 +81,18 @@ def test_imdb_and_text_tasks_wrap_and_count_truncation(reviews_file):
         assert bytes(i - FIRST_SYMBOL_ID for i in ids[1:-1]) in raw
     assert text.info["train_truncated"] == 0 and text.vocab_size == FIRST_SYMBOL_ID + 256
     assert 0.0 <= text.info["byte_ngram_accuracy"] <= 1.0
+    one_epoch = itertools.islice(text.train_stream(0), text.info["train_examples"])  # the stream is endless
+    lengths = [len(ids) for ids, _ in one_epoch]
+    reach = text.info["train_reaching_position"]
+    assert list(reach) == [str(p) for p in (512, 1024, 2048, 4096, 8192)]  # the marks below the task length
+    assert reach == {p: sum(n > int(p) for n in lengths) for p in reach}
+    assert reach["512"] > 0
+
+
+def test_position_reach_counts_examples_holding_a_token_at_each_mark():
+    examples = [([1] * n, 0) for n in (100, 513, 600, 1025, 3000)]
+    assert position_reach(examples, 4096) == {"512": 4, "1024": 2, "2048": 1}
+    assert position_reach(examples, 512) == {}
 
 
 def test_listops_task_streams_by_seed_and_keeps_a_fixed_validation_set():

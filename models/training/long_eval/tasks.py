@@ -117,12 +117,25 @@ def _encode_all(items: list[tuple[Sequence[int], int]], length: int) -> tuple[li
     return encoded, cut
 
 
-def _split_info(train: list, validation: list, cut_train: int, cut_validation: int, **extra: Any) -> dict[str, Any]:
+def position_reach(examples: list[Example], length: int) -> dict[str, int]:
+    """`{"p": how many examples hold a token at position p}` for p = 512, 1024, ... below `length`.
+
+    A learned position table trains row `p` on these examples only: the rows past the typical length see a fraction
+    of the data (README, "Long inputs": position handling).
+    """
+    marks = [512 * 2**k for k in range(16) if 512 * 2**k < length]
+    return {str(p): sum(len(ids) > p for ids, _ in examples) for p in marks}
+
+
+def _split_info(
+    train: list[Example], validation: list[Example], cut_train: int, cut_validation: int, length: int, **extra: Any
+) -> dict[str, Any]:
     return {
         "train_examples": len(train),
         "validation_examples": len(validation),
         "train_truncated": cut_train,
         "validation_truncated": cut_validation,
+        "train_reaching_position": position_reach(train, length),
         **extra,
     }
 
@@ -150,10 +163,11 @@ def imdb_task(
         epoch_stream(train_examples),
         validation_examples,
         _split_info(
-            train,
-            validation,
+            train_examples,
+            validation_examples,
             cut_train,
             cut_validation,
+            length,
             split_seed=split_seed,
             tokenizer=f"WordPiece {len(tokenizer)} trained on the training split",
         ),
@@ -190,10 +204,11 @@ def text_task(
         epoch_stream(train_examples),
         validation_examples,
         _split_info(
-            train,
-            validation,
+            train_examples,
+            validation_examples,
             cut_train,
             cut_validation,
+            length,
             split_seed=split_seed,
             tokenizer="bytes",
             byte_ngram_accuracy=shallow,
