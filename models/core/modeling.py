@@ -146,7 +146,7 @@ class ZooPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, MaskedLMHead):
             init.zeros_(module.bias)
-        if isinstance(module, Embeddings) and hasattr(module, "position_table"):
+        if isinstance(module, Embeddings) and module.fixed_positions:
             # A non-persistent buffer: built on the meta device by `from_pretrained`, so rebuilt here.
             init.copy_(module.position_table, Embeddings.sinusoids(self.config))
         # Method attentions with parameters of their own initialise them here, with `transformers.initialization`

@@ -51,7 +51,10 @@ class Embeddings(nn.Module):
     def __init__(self, config: ZooConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        if config.position_embedding_type == "sinusoidal":
+        # Kept as a plain flag: the forward branches on it, and `hasattr` on a module raises (and catches) an
+        # AttributeError for every absent attribute, on every call.
+        self.fixed_positions = config.position_embedding_type == "sinusoidal"
+        if self.fixed_positions:
             self.register_buffer("position_table", self.sinusoids(config), persistent=False)
         else:
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
@@ -67,7 +70,7 @@ class Embeddings(nn.Module):
         return sinusoidal_table(config.max_position_embeddings, config.hidden_size, scale)
 
     def position_vectors(self, position_ids: torch.Tensor) -> torch.Tensor:
-        if hasattr(self, "position_table"):
+        if self.fixed_positions:
             return self.position_table[position_ids].to(self.word_embeddings.weight.dtype)
         return self.position_embeddings(position_ids)
 
