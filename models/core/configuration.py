@@ -48,8 +48,8 @@ class ZooConfig(PreTrainedConfig):
             Encoder positions: `"absolute"` (BERT's learned table, one trained row per position; what BERT/RoBERTa
             checkpoints convert to) or `"sinusoidal"` (the fixed sine/cosine table of Vaswani et al., 2017, as in
             the Long Range Arena encoders: no parameters, so positions that few training inputs reach are still
-            well defined, and an offset between two tokens reads the same at every position). The seq2seq decoder
-            keeps learned positions.
+            well defined, and an offset between two tokens reads the same at every position). Smart Bird's sketch
+            follows the encoder's choice; the seq2seq decoder keeps learned positions.
         type_vocab_size (`int`, *optional*, defaults to 2):
             Number of token types (segments) of the encoder.
         initializer_range (`float`, *optional*, defaults to 0.02):

@@ -26,7 +26,8 @@ from .configuration import ZooConfig
 from .heads import ClassificationHead, MaskedLMHead
 from .masking import key_valid_from_attention_mask
 from .outputs import ZooMaskedLMOutput, ZooModelOutput, ZooSeq2SeqLMOutput, ZooSequenceClassifierOutput
-from .stacks import Decoder, Embeddings, Encoder
+from .positions import SinusoidalPositions
+from .stacks import Decoder, Encoder
 
 logger = logging.get_logger(__name__)
 
@@ -146,9 +147,9 @@ class ZooPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, MaskedLMHead):
             init.zeros_(module.bias)
-        if isinstance(module, Embeddings) and module.fixed_positions:
+        if isinstance(module, SinusoidalPositions):
             # A non-persistent buffer: built on the meta device by `from_pretrained`, so rebuilt here.
-            init.copy_(module.position_table, Embeddings.sinusoids(self.config))
+            init.copy_(module.table, module.build())
         # Method attentions with parameters of their own initialise them here, with `transformers.initialization`
         # helpers so that weights loaded from a checkpoint are never overwritten.
         if isinstance(module, ZooAttention) and hasattr(module, "init_method_weights"):

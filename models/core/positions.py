@@ -9,8 +9,13 @@ every `p`, so an offset between two tokens means the same thing everywhere in th
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .configuration import ZooConfig
 
 POSITION_EMBEDDING_TYPES = ("absolute", "sinusoidal")
 
@@ -34,3 +39,37 @@ def sinusoidal_table(num_positions: int, dim: int, scale: float, base: float = 1
     angles = positions * frequencies  # (P, dim/2)
     table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)  # (P, dim): sin, cos interleaved
     return (scale * table).float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal position vectors, called like the `nn.Embedding` they replace: ids `(...)` -> `(..., dim)`.
+
+    The table is a non-persistent buffer, so a checkpoint holds nothing for it; `from_pretrained` builds models on
+    the meta device, so the models' `_init_weights` fills it again from [`build`].
+    """
+
+    def __init__(self, num_positions: int, dim: int, scale: float):
+        super().__init__()
+        self.num_positions, self.dim, self.scale = num_positions, dim, scale
+        self.register_buffer("table", self.build(), persistent=False)
+
+    def build(self) -> torch.Tensor:
+        """The `(num_positions, dim)` fp32 table this module holds."""
+        return sinusoidal_table(self.num_positions, self.dim, self.scale)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]
+
+    def extra_repr(self) -> str:
+        return f"{self.num_positions}, {self.dim}, scale={self.scale:.4g}"
+
+
+def build_position_embeddings(config: ZooConfig, dim: int) -> nn.Module:
+    """The position module of width `dim` that `config.position_embedding_type` asks for.
+
+    `"absolute"`: a learned `nn.Embedding` (BERT's table). `"sinusoidal"`: [`SinusoidalPositions`] scaled by
+    `initializer_range * sqrt(2)`, the root-mean-square of a freshly initialised embedding row.
+    """
+    if config.position_embedding_type == "sinusoidal":
+        return SinusoidalPositions(config.max_position_embeddings, dim, config.initializer_range * 2**0.5)
+    return nn.Embedding(config.max_position_embeddings, dim)

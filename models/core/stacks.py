@@ -12,7 +12,7 @@ from .configuration import ZooConfig
 from .layers import DecoderLayer, EncoderLayer
 from .masking import key_valid_from_attention_mask
 from .outputs import ZooDecoderOutput, ZooModelOutput
-from .positions import sinusoidal_table
+from .positions import build_position_embeddings
 
 
 def check_inputs(
@@ -41,38 +41,31 @@ def check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         raise ValueError(f"`input_ids` contain ids outside [0, vocab_size={vocab_size}).")
 
 
+def check_position_ids(position_ids: torch.Tensor, max_positions: int) -> None:
+    """Explicit `position_ids` must index the position table: a negative id would silently read its last rows."""
+    if position_ids.numel() and bool((position_ids >= max_positions).any() | (position_ids < 0).any()):
+        raise ValueError(
+            f"`position_ids` contain positions outside [0, max_position_embeddings={max_positions}): "
+            f"min {int(position_ids.min())}, max {int(position_ids.max())}."
+        )
+
+
 class Embeddings(nn.Module):
     """Token + position + token type embeddings, LayerNorm and dropout (BERT layout).
 
-    Positions are BERT's learned table (`position_embedding_type="absolute"`, the module `position_embeddings`) or
-    a fixed sinusoidal one (`"sinusoidal"`, the non-persistent buffer `position_table`: nothing to save or load).
+    `position_embeddings` is BERT's learned table (`position_embedding_type="absolute"`) or the fixed sinusoidal one
+    (`"sinusoidal"`, a [`SinusoidalPositions`] whose table is never saved or loaded).
     """
 
     def __init__(self, config: ZooConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        # Kept as a plain flag: the forward branches on it, and `hasattr` on a module raises (and catches) an
-        # AttributeError for every absent attribute, on every call.
-        self.fixed_positions = config.position_embedding_type == "sinusoidal"
-        if self.fixed_positions:
-            self.register_buffer("position_table", self.sinusoids(config), persistent=False)
-        else:
-            self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.position_embeddings = build_position_embeddings(config, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.type_vocab_size = config.type_vocab_size
-
-    @staticmethod
-    def sinusoids(config: ZooConfig) -> torch.Tensor:
-        """`(max_position_embeddings, hidden_size)` table at the scale of a freshly initialised embedding row."""
-        scale = config.initializer_range * 2**0.5
-        return sinusoidal_table(config.max_position_embeddings, config.hidden_size, scale)
-
-    def position_vectors(self, position_ids: torch.Tensor) -> torch.Tensor:
-        if self.fixed_positions:
-            return self.position_table[position_ids].to(self.word_embeddings.weight.dtype)
-        return self.position_embeddings(position_ids)
+        self.max_positions = config.max_position_embeddings
 
     def forward(
         self,
@@ -86,13 +79,17 @@ class Embeddings(nn.Module):
         length = inputs_embeds.shape[1]
         if position_ids is None:
             position_ids = torch.arange(length, device=inputs_embeds.device)[None]
+        else:
+            check_position_ids(position_ids, self.max_positions)
         if token_type_ids is None:
             type_embeds = self.token_type_embeddings.weight[0]
         else:
             if bool((token_type_ids >= self.type_vocab_size).any()):
                 raise ValueError(f"`token_type_ids` must be < `type_vocab_size` ({self.type_vocab_size}).")
             type_embeds = self.token_type_embeddings(token_type_ids)
-        embeddings = inputs_embeds + self.position_vectors(position_ids) + type_embeds
+        # The fixed table is fp32 whatever the model's dtype (`from_pretrained(dtype=...)` rebuilds it in fp32).
+        position_embeds = self.position_embeddings(position_ids).to(inputs_embeds.dtype)
+        embeddings = inputs_embeds + position_embeds + type_embeds
         return self.dropout(self.LayerNorm(embeddings))
 
 

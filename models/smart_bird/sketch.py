@@ -19,6 +19,7 @@ from transformers.activations import ACT2FN
 from transformers.loss.loss_utils import ForSequenceClassificationLoss
 
 from ..core.attention import ZooAttention
+from ..core.positions import build_position_embeddings
 from ..core.stacks import Encoder
 from .configuration_smart_bird import SmartBirdConfig
 
@@ -73,7 +74,8 @@ class SketchNetwork(nn.Module):
         super().__init__()
         d = config.sketch_hidden_size
         self.input_proj = nn.Linear(config.hidden_size, d)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
+        # Learned or fixed, as the main encoder's (`position_embedding_type`).
+        self.position_embeddings = build_position_embeddings(config, d)
         self.LayerNorm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.layers = nn.ModuleList(SketchLayer(config) for _ in range(config.sketch_layers))
         # Attention pooling (the paper's sketch head) and the classifier of the classification task.
@@ -104,7 +106,8 @@ class SketchNetwork(nn.Module):
         """Returns the last hidden states `(B, N, d)` and every layer's `(queries, keys)`, each `(B, N, d)`."""
         if position_ids is None:
             position_ids = torch.arange(token_embeds.shape[1], device=token_embeds.device)[None]
-        x = self.LayerNorm(self.input_proj(token_embeds) + self.position_embeddings(position_ids))
+        x = self.input_proj(token_embeds)  # (B, N, d)
+        x = self.LayerNorm(x + self.position_embeddings(position_ids).to(x.dtype))
         qk = []
         for layer in self.layers:
             x, q, k = layer(x, key_valid)

@@ -57,6 +57,8 @@ def build_model(
             for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
                 fields[name] = getattr(source, name)
         config = AutoConfig.from_pretrained(model_args.config_path, **fields)
+        if model_args.model_name_or_path is not None:
+            check_positions_kept(source, config.position_embedding_type)
         if model_args.model_name_or_path is None:
             model = auto_class.from_config(config)
             info["init"] = "scratch"
@@ -68,6 +70,7 @@ def build_model(
     else:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
         check_override_fields(type(config), overrides)
+        check_positions_kept(config, overrides.get("position_embedding_type", config.position_embedding_type))
         model, loading = auto_class.from_pretrained(
             model_args.model_name_or_path,
             cache_dir=model_args.cache_dir,
@@ -85,6 +88,20 @@ def build_model(
     info["parameters"] = n_params
     logger.info("Model %s (%s, %.2fM parameters)", type(model).__name__, info["init"], n_params / 1e6)
     return model, info
+
+
+def check_positions_kept(source: Any, position_embedding_type: str) -> None:
+    """Refuse to load a checkpoint under another `position_embedding_type`.
+
+    The load would only log it: a learned table is dropped as an unexpected key, or a learned table the checkpoint
+    lacks starts random, and the model no longer knows the positions it was trained with.
+    """
+    trained = getattr(source, "position_embedding_type", "absolute")
+    if position_embedding_type != trained:
+        raise ValueError(
+            f"`position_embedding_type={position_embedding_type!r}` differs from the checkpoint's {trained!r}: its "
+            "trained positions would be lost. Keep the checkpoint's, or train a fresh model (`config_path` alone)."
+        )
 
 
 def _loading_report(loading: dict[str, Any]) -> dict[str, list[str]]:

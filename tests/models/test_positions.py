@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attnzoo.core.positions import sinusoidal_table
+from attnzoo.core.positions import SinusoidalPositions, sinusoidal_table
 from attnzoo.registry import FAMILIES
 from attnzoo.testing import load_config
 
@@ -52,7 +52,7 @@ def test_an_offset_is_the_same_rotation_at_every_position():
 def test_table_has_the_scale_of_a_fresh_embedding_row():
     config = _config("dense_transformer", position_embedding_type="sinusoidal")
     model = FAMILIES["dense_transformer"].model_class(config)
-    table = model.encoder.embeddings.position_table
+    table = model.encoder.embeddings.position_embeddings.table
     words = model.encoder.embeddings.word_embeddings.weight
     assert table.pow(2).mean().sqrt().item() == pytest.approx(config.initializer_range, rel=1e-3)
     assert table.pow(2).mean().sqrt().item() == pytest.approx(words.pow(2).mean().sqrt().item(), rel=0.1)
@@ -62,11 +62,16 @@ def test_table_has_the_scale_of_a_fresh_embedding_row():
 def test_sinusoidal_encoder_adds_the_table_and_saves_no_position_tensor(model_type, tmp_path):
     model = _classifier(model_type, position_embedding_type="sinusoidal")
     embeddings = model.base_model.encoder.embeddings
-    assert not hasattr(embeddings, "position_embeddings")
-    assert not [name for name in model.state_dict() if "encoder.embeddings.position" in name]
+    assert isinstance(embeddings.position_embeddings, SinusoidalPositions)
+    # Nothing per position anywhere in the model (Smart Bird's sketch included) and nothing saved for it.
+    assert not [name for name, _ in model.named_parameters() if "position" in name]
+    assert not [name for name in model.state_dict() if "position" in name]
     ids = torch.randint(5, model.config.vocab_size, (2, 40))
+    table = sinusoidal_table(
+        model.config.max_position_embeddings, model.config.hidden_size, model.config.initializer_range * 2**0.5
+    )
     expected = embeddings.LayerNorm(
-        embeddings.word_embeddings(ids) + embeddings.position_table[:40] + embeddings.token_type_embeddings.weight[0]
+        embeddings.word_embeddings(ids) + table[:40] + embeddings.token_type_embeddings.weight[0]
     )
     assert torch.allclose(embeddings(ids, None, None, None), expected)
 
@@ -76,7 +81,7 @@ def test_sinusoidal_encoder_adds_the_table_and_saves_no_position_tensor(model_ty
     model.save_pretrained(tmp_path)
     reloaded = type(model).from_pretrained(tmp_path).eval()
     assert reloaded.config.position_embedding_type == "sinusoidal"
-    torch.testing.assert_close(reloaded.base_model.encoder.embeddings.position_table, embeddings.position_table)
+    torch.testing.assert_close(reloaded.base_model.encoder.embeddings.position_embeddings.table, table)
     torch.testing.assert_close(reloaded(input_ids=ids, attention_mask=mask).logits, logits)
 
 
@@ -100,17 +105,51 @@ def test_meta_device_build_is_initialised_to_the_table():
     model.to_empty(device="cpu")
     model.init_weights()
     expected = sinusoidal_table(config.max_position_embeddings, config.hidden_size, config.initializer_range * 2**0.5)
-    torch.testing.assert_close(model.encoder.embeddings.position_table, expected)
+    torch.testing.assert_close(model.encoder.embeddings.position_embeddings.table, expected)
 
 
 def test_training_leaves_the_table_fixed():
     model = _classifier("sparse_transformer", position_embedding_type="sinusoidal").train()
-    table = model.base_model.encoder.embeddings.position_table.clone()
+    table = model.base_model.encoder.embeddings.position_embeddings.table.clone()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ids = torch.randint(5, model.config.vocab_size, (4, 40))
     model(input_ids=ids, labels=torch.tensor([0, 1, 0, 1])).loss.backward()
     optimizer.step()
-    assert torch.equal(model.base_model.encoder.embeddings.position_table, table)
+    assert torch.equal(model.base_model.encoder.embeddings.position_embeddings.table, table)
+
+
+def test_smart_bird_sketch_uses_the_fixed_table_at_its_own_width():
+    config = _config("smart_bird", position_embedding_type="sinusoidal", sketch_hidden_size=6)
+    model = FAMILIES["smart_bird"].model_class(config)
+    sketch_positions = model.encoder.sketch.position_embeddings
+    assert isinstance(sketch_positions, SinusoidalPositions)
+    expected = sinusoidal_table(config.max_position_embeddings, 6, config.initializer_range * 2**0.5)
+    torch.testing.assert_close(sketch_positions.table, expected)
+    with pytest.raises(ValueError, match="even `sketch_hidden_size`"):
+        _config("smart_bird", position_embedding_type="sinusoidal", sketch_hidden_size=5)
+
+
+@pytest.mark.parametrize("position_embedding_type", ["absolute", "sinusoidal"])
+def test_position_ids_outside_the_table_are_refused(position_embedding_type):
+    """A negative id would silently read the table's last row; one past the end is an obscure index error."""
+    model = _classifier("dense_transformer", position_embedding_type=position_embedding_type)
+    ids = torch.randint(5, model.config.vocab_size, (1, 4))
+    for bad in (-1, model.config.max_position_embeddings):
+        position_ids = torch.tensor([[0, 1, 2, bad]])
+        with pytest.raises(ValueError, match="position_ids.*max_position_embeddings"):
+            model(input_ids=ids, position_ids=position_ids)
+    assert model(input_ids=ids, position_ids=torch.tensor([[3, 2, 1, 0]])).logits.shape == (1, 2)
+
+
+def test_bf16_model_adds_the_fp32_table_in_bf16(tmp_path):
+    model = _classifier("sparse_transformer", position_embedding_type="sinusoidal")
+    ids = torch.randint(5, model.config.vocab_size, (2, 40))
+    reference = model(input_ids=ids).logits
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    logits = loaded(input_ids=ids).logits
+    assert logits.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.float(), reference, atol=5e-2, rtol=5e-2)
 
 
 def test_bad_position_settings_are_refused_naming_the_field():

@@ -450,6 +450,41 @@ def test_warm_start_loads_a_dense_checkpoint_name_for_name(tmp_path, tokenizer, 
     assert info["unexpected_keys"] == [] and info["mismatched_keys"] == []
 
 
+def test_a_checkpoint_keeps_its_position_type(tmp_path, tokenizer):
+    """Loading under another `position_embedding_type` would drop the trained table with only a log line."""
+    dense_args = ModelArguments(
+        config_path=str(REPO_ROOT / "configs/models/dense/tiny.json"), tokenizer_name_or_path="x"
+    )
+    dense, _ = build_model(AutoModelForMaskedLM, dense_args, tokenizer)
+    dense.save_pretrained(tmp_path / "dense")
+    overridden = ModelArguments(
+        model_name_or_path=str(tmp_path / "dense"),
+        tokenizer_name_or_path="x",
+        config_overrides="position_embedding_type=sinusoidal",
+    )
+    with pytest.raises(ValueError, match="position_embedding_type='sinusoidal'.*checkpoint's 'absolute'"):
+        build_model(AutoModelForMaskedLM, overridden, tokenizer)
+    warm = ModelArguments(
+        config_path=str(REPO_ROOT / "configs/models/sparse_transformer/tiny.json"),
+        model_name_or_path=str(tmp_path / "dense"),
+        tokenizer_name_or_path="x",
+        config_overrides="position_embedding_type=sinusoidal",
+    )
+    with pytest.raises(ValueError, match="trained positions would be lost"):
+        build_model(AutoModelForMaskedLM, warm, tokenizer)
+    # The checkpoint's own type is accepted, stated or not.
+    same = ModelArguments(
+        model_name_or_path=str(tmp_path / "dense"),
+        tokenizer_name_or_path="x",
+        config_overrides="position_embedding_type=absolute",
+    )
+    model, _ = build_model(AutoModelForMaskedLM, same, tokenizer)
+    torch.testing.assert_close(
+        model.model.encoder.embeddings.position_embeddings.weight,
+        dense.model.encoder.embeddings.position_embeddings.weight,
+    )
+
+
 def test_resolve_checkpoint_refuses_to_train_over_a_run(tmp_path):
     (tmp_path / "checkpoint-4").mkdir()
     (tmp_path / "checkpoint-4" / "trainer_state.json").write_text("{}")
