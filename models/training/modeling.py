@@ -57,12 +57,11 @@ def build_model(
             for name in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
                 fields[name] = getattr(source, name)
         config = AutoConfig.from_pretrained(model_args.config_path, **fields)
-        if model_args.model_name_or_path is not None:
-            check_positions_kept(source, config.position_embedding_type)
         if model_args.model_name_or_path is None:
             model = auto_class.from_config(config)
             info["init"] = "scratch"
         else:
+            check_positions_kept(source, config.position_embedding_type)
             model, loading = auto_class.from_pretrained(
                 model_args.model_name_or_path, config=config, cache_dir=model_args.cache_dir, output_loading_info=True
             )

@@ -24,6 +24,11 @@ def _classifier(model_type: str, **overrides):
     return FAMILIES[model_type].sequence_classification_class(_config(model_type, **overrides)).eval()
 
 
+def _expected_table(config, dim: int) -> torch.Tensor:
+    """The table a model of `config` must hold at width `dim`: the RMS of a fresh embedding row."""
+    return sinusoidal_table(config.max_position_embeddings, dim, config.initializer_range * 2**0.5)
+
+
 def test_table_is_the_sine_cosine_formula():
     table = sinusoidal_table(50, 8, scale=0.5)
     for p in (0, 1, 17, 49):
@@ -67,9 +72,7 @@ def test_sinusoidal_encoder_adds_the_table_and_saves_no_position_tensor(model_ty
     assert not [name for name, _ in model.named_parameters() if "position" in name]
     assert not [name for name in model.state_dict() if "position" in name]
     ids = torch.randint(5, model.config.vocab_size, (2, 40))
-    table = sinusoidal_table(
-        model.config.max_position_embeddings, model.config.hidden_size, model.config.initializer_range * 2**0.5
-    )
+    table = _expected_table(model.config, model.config.hidden_size)
     expected = embeddings.LayerNorm(
         embeddings.word_embeddings(ids) + table[:40] + embeddings.token_type_embeddings.weight[0]
     )
@@ -104,7 +107,7 @@ def test_meta_device_build_is_initialised_to_the_table():
         model = model_class(config)
     model.to_empty(device="cpu")
     model.init_weights()
-    expected = sinusoidal_table(config.max_position_embeddings, config.hidden_size, config.initializer_range * 2**0.5)
+    expected = _expected_table(config, config.hidden_size)
     torch.testing.assert_close(model.encoder.embeddings.position_embeddings.table, expected)
 
 
@@ -123,7 +126,7 @@ def test_smart_bird_sketch_uses_the_fixed_table_at_its_own_width():
     model = FAMILIES["smart_bird"].model_class(config)
     sketch_positions = model.encoder.sketch.position_embeddings
     assert isinstance(sketch_positions, SinusoidalPositions)
-    expected = sinusoidal_table(config.max_position_embeddings, 6, config.initializer_range * 2**0.5)
+    expected = _expected_table(config, 6)
     torch.testing.assert_close(sketch_positions.table, expected)
     with pytest.raises(ValueError, match="even `sketch_hidden_size`"):
         _config("smart_bird", position_embedding_type="sinusoidal", sketch_hidden_size=5)

@@ -457,28 +457,22 @@ def test_a_checkpoint_keeps_its_position_type(tmp_path, tokenizer):
     )
     dense, _ = build_model(AutoModelForMaskedLM, dense_args, tokenizer)
     dense.save_pretrained(tmp_path / "dense")
-    overridden = ModelArguments(
-        model_name_or_path=str(tmp_path / "dense"),
-        tokenizer_name_or_path="x",
-        config_overrides="position_embedding_type=sinusoidal",
-    )
+
+    def args(position_embedding_type: str, **fields: str) -> ModelArguments:
+        return ModelArguments(
+            model_name_or_path=str(tmp_path / "dense"),
+            tokenizer_name_or_path="x",
+            config_overrides=f"position_embedding_type={position_embedding_type}",
+            **fields,
+        )
+
     with pytest.raises(ValueError, match="position_embedding_type='sinusoidal'.*checkpoint's 'absolute'"):
-        build_model(AutoModelForMaskedLM, overridden, tokenizer)
-    warm = ModelArguments(
-        config_path=str(REPO_ROOT / "configs/models/sparse_transformer/tiny.json"),
-        model_name_or_path=str(tmp_path / "dense"),
-        tokenizer_name_or_path="x",
-        config_overrides="position_embedding_type=sinusoidal",
-    )
+        build_model(AutoModelForMaskedLM, args("sinusoidal"), tokenizer)
+    warm = args("sinusoidal", config_path=str(REPO_ROOT / "configs/models/sparse_transformer/tiny.json"))
     with pytest.raises(ValueError, match="trained positions would be lost"):
         build_model(AutoModelForMaskedLM, warm, tokenizer)
     # The checkpoint's own type is accepted, stated or not.
-    same = ModelArguments(
-        model_name_or_path=str(tmp_path / "dense"),
-        tokenizer_name_or_path="x",
-        config_overrides="position_embedding_type=absolute",
-    )
-    model, _ = build_model(AutoModelForMaskedLM, same, tokenizer)
+    model, _ = build_model(AutoModelForMaskedLM, args("absolute"), tokenizer)
     torch.testing.assert_close(
         model.model.encoder.embeddings.position_embeddings.weight,
         dense.model.encoder.embeddings.position_embeddings.weight,
