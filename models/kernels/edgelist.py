@@ -52,7 +52,11 @@ def edge_attention_reference_with_mask(
     """
     num_rows = q.shape[0]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = (q[rows] * k[cols]).sum(-1) * scale  # (E,)
+    # The truth is computed in fp32 at least (fp64 stays fp64): under autocast q, k, v arrive in bf16 while per-edge
+    # weights and biases stay fp32, and a bf16 accumulator could not take their products. Output in v's dtype, as
+    # the fast paths give it.
+    acc = torch.promote_types(torch.promote_types(q.dtype, v.dtype), torch.float32)
+    scores = (q[rows].to(acc) * k[cols].to(acc)).sum(-1) * scale  # (E,)
     if logit_bias is not None:
         scores = scores + logit_bias
     # Softmax is shift invariant, so the max needs no gradient; -inf (empty / fully masked rows) is replaced.
@@ -65,7 +69,8 @@ def edge_attention_reference_with_mask(
         probs = probs * keep_multiplier(keep, dropout_p, probs.dtype)
     if edge_weight is not None:
         probs = probs * edge_weight
-    return v.new_zeros(num_rows, v.shape[-1]).index_add(0, rows, probs[:, None] * v[cols])  # (R, d)
+    out = torch.zeros(num_rows, v.shape[-1], dtype=acc, device=v.device)
+    return out.index_add(0, rows, probs[:, None].to(acc) * v[cols].to(acc)).to(v.dtype)  # (R, d)
 
 
 def sort_edges(

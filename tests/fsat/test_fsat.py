@@ -396,23 +396,41 @@ def test_model_outputs_at_real_positions_ignore_padding_tokens_with_live_edges(o
     torch.testing.assert_close(a.last_hidden_state[0], b[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.gpu
-def test_bf16_autocast_on_gpu_matches_fp32_reference():
-    module = attention(confidence_normalized=True).cuda().eval()
-    x, valid = torch.randn(B, 64, D, device="cuda"), torch.ones(B, 64, dtype=torch.bool, device="cuda")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bf16_autocast_fast_path_equals_the_reference_under_the_same_autocast(device):
+    # bf16 rounding of the feature maps moves a few predicted positions across an integer boundary, so bf16 and fp32
+    # pick different edges in a few rows (on an H100 and on the CPU alike: about 4% of the elements differ, by up to
+    # 0.25). Both paths share the predictor, so under the same autocast they pick the same edges: compare those.
+    torch.manual_seed(0)
+    fast = attention(confidence_normalized=True).to(device)
+    reference = attention(confidence_normalized=True, attention_backend="reference").to(device)
+    x, valid = torch.randn(B, 64, D, device=device), torch.ones(B, 64, dtype=torch.bool, device=device)
     valid[1, 40:] = False
-    expected = module(x, valid).hidden_states
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        cross = module.pooled_cross(x, valid)
-        out = module(x, valid).hidden_states
+    fp32 = fast.eval()(x, valid).hidden_states
+    with torch.autocast(device, dtype=torch.bfloat16):
+        cross = fast.pooled_cross(x, valid)
+        out = fast(x, valid).hidden_states
+        expected = reference.eval()(x, valid).hidden_states
     assert antidiagonal_sums(x.bfloat16(), x.bfloat16()).dtype == torch.float32
-    assert torch.isfinite(out).all() and cross.dtype in (torch.float32, torch.bfloat16)
-    torch.testing.assert_close(out.float(), expected, rtol=5e-2, atol=5e-2)
-    module.train()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = module(x, valid).hidden_states.float().pow(2).sum()
-    loss.backward()
-    assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
+    assert cross.dtype in (torch.float32, torch.bfloat16) and out.dtype == expected.dtype
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    # Against fp32 only the rows with a moved edge may differ by more than bf16's rounding.
+    assert ((out.float() - fp32).abs() <= 5e-2).float().mean() > 0.9
+    grads = []
+    for module in (fast.train(), reference.train()):
+        torch.manual_seed(1)  # the same exploration edges on both paths
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = module(x, valid).hidden_states.float().pow(2).sum()
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
+        grads.append({name: p.grad for name, p in module.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    # Relative to each gradient's norm (bf16 leaves the two paths about 1% apart, and either about 5% from fp32), plus
+    # a floor for k_proj.bias, whose exact gradient is zero (a key bias shifts a query's logits by a constant).
+    floor = 1e-3 * max(float(grad.norm()) for grad in grads[1].values())
+    for name, grad in grads[0].items():
+        expected_grad = grads[1][name]
+        assert float((grad - expected_grad).norm()) <= 0.03 * float(expected_grad.norm()) + floor, name
 
 
 @pytest.mark.gpu
