@@ -34,7 +34,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.attention import AttentionOutput, ZooAttention
-from ..kernels import batch_head_offsets, edge_attention, flatten_heads, resolve_backend, unflatten_heads
+from ..kernels import (
+    batch_head_offsets,
+    dense_attention,
+    edge_attention,
+    flatten_heads,
+    resolve_backend,
+    unflatten_heads,
+)
 from .configuration_sparse_transformer import SparseTransformerConfig
 
 #: the two sub-patterns (A1, A2) of each pattern
@@ -174,10 +181,11 @@ def _valid_keys(key_valid: Tensor | None, batch: int, length: int, padded: int, 
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float, scale: float):
-    # Fully masked rows (padding only) come out as zeros from SDPA's CPU and CUDA kernels; the attention contract
-    # asks for that, and the caller zeroes them again where it matters.
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale
+    # SDPA through the shared dense primitive, which zeroes query rows without any valid key: SDPA's CUDA kernels
+    # under bf16 autocast return an average of the masked values there (seen on an H100; the CPU kernels give
+    # zeros). A causal structure is SDPA's own flag only without a mask; with one the callers fold it into the mask.
+    return dense_attention(
+        q, k, v, mask, is_causal=causal and mask is None, scale=scale, dropout_p=dropout_p, training=dropout_p > 0
     )
 
 
