@@ -38,6 +38,16 @@ _NEG_INF = float("-inf")
 _FLAT_SPREAD = 0.3
 #: thinning rounds before the full fallback; the expected band size grows 4x per round.
 _ROUNDS = 3
+#: `method="auto"`: the thinning sampler where noise draws dominate (CPU), the literal one where host synchronisation
+#: does. Thinning sizes its tensors from the data (`nonzero`, `int`, `bool` on device values), about ten host syncs
+#: per chunk of rows; on an H100 the whole Smart Bird model (2 layers, width 256, bf16) then took 1,950 ms for one
+#: forward pass at N = 16,384 (dense SDPA: 3.2 ms), while the literal sampler is a fixed chain of kernels without
+#: a sync. See `scripts/results/gpu-2026-11-26-h100/`.
+SAMPLING_METHODS = ("auto", "thinning", "literal")
+#: default `chunk_elements` per device type: the literal path's noise chunk is `(B, H, R, N)` fp32, so CUDA takes
+#: 256 MB chunks (few kernel launches) and the CPU 16 MB ones (cache-sized).
+_CHUNK_ELEMENTS = {"cpu": 2**22}
+_CHUNK_ELEMENTS_ACCELERATOR = 2**26
 
 
 # The random keys stay fp32 whatever the autocast dtype: bf16 keeps 8 bits of mantissa, so keys would tie often and
@@ -105,7 +115,8 @@ def sample_keys(
     generator: torch.Generator | None = None,
     noise: Tensor | None = None,
     num_candidates: int | None = None,
-    chunk_elements: int = 2**22,
+    chunk_elements: int | None = None,
+    method: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Independent per-head attentive token sampling from single-head sketch queries and keys.
 
@@ -124,7 +135,12 @@ def sample_keys(
         noise (`torch.Tensor` of shape `(B, H, N, N)`, *optional*): the literal sampler's `E ~ Exp(1)`; when
             given, the result is identical to [`sample_keys_reference`] with this noise (used by tests).
         num_candidates (`int`, *optional*): head size `M` of the exact fast path (default `max(4 K, min(256, N / 8))`).
-        chunk_elements (`int`): rows per chunk are chosen so that a chunk's logits hold about this many elements.
+        chunk_elements (`int`, *optional*): rows per chunk are chosen so that a chunk's logits (literal path: its
+            noise) hold about this many elements; defaults to `2**22` on the CPU and `2**26` on an accelerator.
+        method (`str`, *optional*, defaults to `"auto"`): `"thinning"` (the exact fast path above), `"literal"`
+            (noise for every key, [`sample_keys_reference`] chunk by chunk) or `"auto"`: thinning on the CPU,
+            literal elsewhere (thinning's host synchronisations cost more than the noise on a GPU). The law is
+            the same.
 
     Returns:
         `(idx, valid)`: `torch.LongTensor` and `torch.BoolTensor` of shape `(B, H, N, min(K, N))`. Slots without a
@@ -135,9 +151,16 @@ def sample_keys(
     B, N, _ = q_s.shape
     H, K = num_heads, min(num_samples, N)
     M = num_candidates if num_candidates is not None else max(4 * K, min(256, N // 8))
-    idx = torch.empty(B, H, N, K, dtype=torch.long, device=q_s.device)
-    valid = torch.empty(B, H, N, K, dtype=torch.bool, device=q_s.device)
-    fast = function != "topk" and N > 2 * M
+    device = q_s.device
+    if method not in SAMPLING_METHODS:
+        raise ValueError(f"sample_keys: `method` must be one of {SAMPLING_METHODS}, got {method!r}.")
+    if method == "auto":
+        method = "thinning" if device.type == "cpu" else "literal"
+    if chunk_elements is None:
+        chunk_elements = _CHUNK_ELEMENTS.get(device.type, _CHUNK_ELEMENTS_ACCELERATOR)
+    idx = torch.empty(B, H, N, K, dtype=torch.long, device=device)
+    valid = torch.empty(B, H, N, K, dtype=torch.bool, device=device)
+    fast = function != "topk" and method == "thinning" and N > 2 * M
     # The literal path holds (B, H, R, N) noise per chunk, the fast path (B, R, N) logits.
     per_row = B * N * (1 if fast or function == "topk" else H)
     rows = max(1, chunk_elements // max(per_row, 1))

@@ -103,19 +103,36 @@ def test_log_space_scores_order_keys_like_the_papers_uniform_scores():
 
 @pytest.mark.parametrize("function", FUNCTIONS)
 @pytest.mark.parametrize("scale", [0.0, 0.3, 1.0, 4.0])
-def test_fast_sampler_returns_the_literal_samplers_indices_for_the_same_noise(function, scale):
+@pytest.mark.parametrize(("method", "chunk_elements"), [("thinning", None), ("literal", None), ("literal", 2000)])
+def test_fast_sampler_returns_the_literal_samplers_indices_for_the_same_noise(function, scale, method, chunk_elements):
     B, N, H, K = 2, 96, 3, 5
     q_s, k_s = sketch(B, N, scale, seed=1)
     key_valid = torch.ones(B, N, dtype=torch.bool)
     key_valid[1, 70:] = False
     noise = torch.empty(B, H, N, N).exponential_(generator=torch.Generator().manual_seed(2))
-    # num_candidates=8 forces the head stage, the exactness check and the fallback at this small length.
+    # num_candidates=8 forces thinning's head stage, exactness check and fallback at this small length; the literal
+    # method (CUDA's default) ignores it, and a small chunk splits its rows into several chunks.
     idx, valid = sample_keys(
-        q_s, k_s, key_valid, num_heads=H, num_samples=K, function=function, noise=noise, num_candidates=8
+        q_s,
+        k_s,
+        key_valid,
+        num_heads=H,
+        num_samples=K,
+        function=function,
+        noise=noise,
+        num_candidates=8,
+        method=method,
+        chunk_elements=chunk_elements,
     )
     ref_idx, ref_valid = literal(q_s, k_s, key_valid, function, K, noise)
     assert torch.equal(valid, ref_valid)
     assert torch.equal(torch.where(valid, idx, -1), torch.where(ref_valid, ref_idx, -1))
+
+
+def test_sampling_method_is_checked():
+    q_s, k_s = sketch(1, 16, 1.0, seed=1)
+    with pytest.raises(ValueError, match="method"):
+        sample_keys(q_s, k_s, None, num_heads=1, num_samples=2, function="squared_inverse_log", method="gumbel")
 
 
 @pytest.mark.parametrize("scale", [0.0, 0.6, 3.0])
@@ -125,8 +142,9 @@ def test_fast_sampler_without_given_noise_has_the_literal_samplers_distribution(
     q_s, k_s = sketch(1, N, scale, seed=3)
     q_s, k_s = q_s.expand(reps, N, 4).contiguous(), k_s.expand(reps, N, 4).contiguous()
     torch.manual_seed(0)
-    fast = sample_keys(q_s, k_s, None, num_heads=1, num_samples=K, function="squared_inverse_log", num_candidates=6)
-    slow = sample_keys(q_s, k_s, None, num_heads=1, num_samples=K, function="squared_inverse_log", num_candidates=N)
+    kw = {"num_heads": 1, "num_samples": K, "function": "squared_inverse_log", "num_candidates": 6}
+    fast = sample_keys(q_s, k_s, None, method="thinning", **kw)
+    slow = sample_keys(q_s, k_s, None, method="literal", **kw)
     f_fast, f_slow = inclusion(*fast, N), inclusion(*slow, N)
     p = (f_fast + f_slow) / 2
     z = (f_fast - f_slow) / (2 * p * (1 - p) / reps).sqrt().clamp(min=1e-3)
