@@ -129,6 +129,23 @@ def test_fast_sampler_returns_the_literal_samplers_indices_for_the_same_noise(fu
     assert torch.equal(torch.where(valid, idx, -1), torch.where(ref_valid, ref_idx, -1))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_cuda_default_sampler_returns_the_literal_samplers_indices_for_the_same_noise(function):
+    # On CUDA `method="auto"` is the literal sampler, here in several chunks of rows: the reference's indices for the
+    # same noise (both on CUDA; the 4-dim sketch keeps the chunked and the whole logits within an ulp).
+    B, N, H, K = 2, 300, 4, 7
+    q_s, k_s = (t.cuda() for t in sketch(B, N, 1.0, seed=1))
+    key_valid = torch.ones(B, N, dtype=torch.bool, device="cuda")
+    key_valid[1, 200:] = False
+    noise = torch.empty(B, H, N, N).exponential_(generator=torch.Generator().manual_seed(2)).cuda()
+    kw = {"num_heads": H, "num_samples": K, "function": function, "noise": noise}
+    idx, valid = sample_keys(q_s, k_s, key_valid, chunk_elements=50_000, **kw)
+    ref_idx, ref_valid = literal(q_s, k_s, key_valid, function, K, noise)
+    assert torch.equal(valid, ref_valid)
+    assert torch.equal(torch.where(valid, idx, -1), torch.where(ref_valid, ref_idx, -1))
+
+
 def test_sampling_method_is_checked():
     q_s, k_s = sketch(1, 16, 1.0, seed=1)
     with pytest.raises(ValueError, match="method"):
