@@ -325,6 +325,31 @@ def test_shipped_configs_load_and_run():
     )
 
 
+# The split heads have such rows (a block or window of padding); merged heads always see the valid summary columns.
+@pytest.mark.parametrize("pattern", ["fixed", "strided"])
+def test_query_rows_without_a_valid_key_are_zero_whatever_sdpa_puts_there(monkeypatch, pattern):
+    # SDPA's CUDA kernels under bf16 autocast filled such rows with an average of the masked values (pytest -m gpu on
+    # an H100); the CPU kernels give zeros. With SDPA made to behave that way here, the paths must still give zeros.
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def cuda_like(q, k, v, attn_mask=None, **kwargs):
+        out = sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+        if attn_mask is None:
+            return out
+        return torch.where(~attn_mask.any(-1, keepdim=True), v.mean(-2, keepdim=True), out)
+
+    torch.manual_seed(0)
+    attention = make_attention(sparse_pattern=pattern, sparse_head_assignment="split", sparse_stride=16)
+    q, k, v = (torch.randn(2, 4, 200, 8) for _ in range(3))
+    key_valid = torch.ones(2, 200, dtype=torch.bool)
+    key_valid[1, 150:] = False  # the blocks and windows of queries past ~170 hold no valid key
+    reference = _run(attention, q, k, v, key_valid, "reference")
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", cuda_like)
+    fast = _run(attention, q, k, v, key_valid, "fast")
+    assert bool((reference[1, :, 180:] == 0).all(-1).any())  # the case is exercised
+    torch.testing.assert_close(fast, reference, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("assignment", ["split", "merged"])
 def test_bf16_autocast_on_gpu_matches_fp32_reference(assignment):
