@@ -46,7 +46,7 @@ _ROUNDS = 3
 SAMPLING_METHODS = ("auto", "thinning", "literal")
 #: default `chunk_elements` per device type: the literal path's noise chunk is `(B, H, R, N)` fp32, so CUDA takes
 #: 256 MB chunks (few kernel launches) and the CPU 16 MB ones (cache-sized).
-_CHUNK_ELEMENTS = {"cpu": 2**22}
+_CHUNK_ELEMENTS_CPU = 2**22
 _CHUNK_ELEMENTS_ACCELERATOR = 2**26
 
 
@@ -154,10 +154,11 @@ def sample_keys(
     device = q_s.device
     if method not in SAMPLING_METHODS:
         raise ValueError(f"sample_keys: `method` must be one of {SAMPLING_METHODS}, got {method!r}.")
+    on_cpu = device.type == "cpu"
     if method == "auto":
-        method = "thinning" if device.type == "cpu" else "literal"
+        method = "thinning" if on_cpu else "literal"
     if chunk_elements is None:
-        chunk_elements = _CHUNK_ELEMENTS.get(device.type, _CHUNK_ELEMENTS_ACCELERATOR)
+        chunk_elements = _CHUNK_ELEMENTS_CPU if on_cpu else _CHUNK_ELEMENTS_ACCELERATOR
     idx = torch.empty(B, H, N, K, dtype=torch.long, device=device)
     valid = torch.empty(B, H, N, K, dtype=torch.bool, device=device)
     fast = function != "topk" and method == "thinning" and N > 2 * M
