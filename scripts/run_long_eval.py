@@ -106,6 +106,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="cut training batches from examples of similar length (less padding; transformers' group_by_length)",
     )
+    parser.add_argument(
+        "--pretrain_steps",
+        type=int,
+        default=Budget.pretrain_steps,
+        help="masked-language-model steps on the task's own training inputs before fine-tuning (self-pretraining; "
+        "0: from scratch, LRA's protocol)",
+    )
+    parser.add_argument("--mlm_probability", type=float, default=Budget.mlm_probability)
     parser.add_argument("--device", default="cpu", help="'cpu', 'cuda', 'cuda:1' or 'auto' (CUDA when available)")
     parser.add_argument("--hidden_size", type=int, default=ModelSize.hidden_size)
     parser.add_argument("--num_hidden_layers", type=int, default=ModelSize.num_hidden_layers)
@@ -154,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
         eval_batch_size=args.eval_batch_size,
         bf16=args.bf16,
         group_by_length=args.group_by_length,
+        pretrain_steps=args.pretrain_steps,
+        mlm_probability=args.mlm_probability,
     )
 
     if args.diagnose:

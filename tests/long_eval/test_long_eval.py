@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnzoo.training.data.listops import ListOpsSettings
+from attnzoo.training.data.mlm import bert_masking
 from attnzoo.training.long_eval import (
     DEFAULT_REVIEWS_FILE,
     SCHEDULES,
@@ -35,6 +36,7 @@ from attnzoo.training.long_eval.runner import GROUP_BATCHES, build_classifier, t
 from attnzoo.training.long_eval.tasks import (
     CLS_ID,
     FIRST_SYMBOL_ID,
+    MASK_ID,
     PAD_ID,
     SEP_ID,
     Example,
@@ -358,3 +360,61 @@ def test_text_pooling_is_the_task_protocol_of_every_family_and_of_the_folder(tmp
     # The same folder refuses runs that pool differently: their rows would share labels with these.
     with pytest.raises(ValueError, match="task overrides"):
         run_long_eval(tmp_path, plans, [Row("sparse_transformer")], text_pooling="cls", **kwargs)
+
+
+def test_bert_masking_masks_only_maskable_tokens_by_the_80_10_10_rule():
+    ids = torch.randint(FIRST_SYMBOL_ID, 200, (64, 512), generator=torch.Generator().manual_seed(0))
+    maskable = ids % 3 != 0
+    masked, labels = bert_masking(ids, maskable, 0.3, MASK_ID, (FIRST_SYMBOL_ID, 200), torch.Generator())
+    chosen = labels != -100
+    assert not (chosen & ~maskable).any() and (masked[~chosen] == ids[~chosen]).all()
+    assert (labels[chosen] == ids[chosen]).all()
+    assert chosen.sum() / maskable.sum() == pytest.approx(0.3, abs=0.01)
+    as_mask = (masked == MASK_ID) & chosen
+    replaced = (masked != MASK_ID) & (masked != ids) & chosen
+    assert as_mask.sum() / chosen.sum() == pytest.approx(0.8, abs=0.02)
+    # 10% are drawn at random (a draw may hit the original id: 1 in 195 here), 10% stay.
+    assert replaced.sum() / chosen.sum() == pytest.approx(0.1 * 194 / 195, abs=0.01)
+    assert ((masked[replaced] >= FIRST_SYMBOL_ID) & (masked[replaced] < 200)).all()
+
+
+def test_self_pretraining_learns_the_inputs_and_the_classifier_starts_from_its_encoder(monkeypatch):
+    # Each document repeats one symbol, so a masked token is given away by its neighbours.
+    def make(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        symbols = torch.randint(FIRST_SYMBOL_ID, FIRST_SYMBOL_ID + 6, (n,), generator=g).tolist()
+        return [([CLS_ID, *[s] * 20, SEP_ID], int(s % 2)) for s in symbols]
+
+    task = TaskData("imdb", 24, FIRST_SYMBOL_ID + 6, 2, epoch_stream(make(64, 0)), make(16, 1))
+    states = []
+
+    def spy(model, batches, steps, budget, name, log_every=25):
+        states.append({k: v.detach().clone() for k, v in model.model.state_dict().items()})  # before
+        result = runner_optimize(model, batches, steps, budget, name, log_every)
+        states.append({k: v.detach().clone() for k, v in model.model.state_dict().items()})  # after
+        return result
+
+    runner = importlib.import_module("attnzoo.training.long_eval.runner")
+    runner_optimize = runner.optimize
+    monkeypatch.setattr(runner, "optimize", spy)
+    budget = Budget(steps=2, batch_size=16, learning_rate=1e-2, warmup_steps=2, pretrain_steps=200)
+    record = train_and_evaluate(task, RunSpec("dense_transformer", 24), TINY, budget, log_every=10)
+    pretrain_start, pretrained, finetune_start, _ = states
+    curve = record["pretrain_curve"]
+    assert len(curve) == 20 and record["pretrain_seconds"] > 0
+    assert curve[-1]["loss"] < 0.1 * curve[0]["loss"]
+    # Fine-tuning starts from the encoder pretraining left, not from the fresh one it began with.
+    assert finetune_start.keys() == pretrained.keys()
+    assert all(torch.equal(finetune_start[k], pretrained[k]) for k in pretrained)
+    assert not all(torch.equal(pretrain_start[k], pretrained[k]) for k in pretrained)
+    plain = train_and_evaluate(
+        task, RunSpec("dense_transformer", 24), TINY, dataclasses.replace(budget, pretrain_steps=0)
+    )
+    assert "pretrain_curve" not in plain
+
+
+def test_budget_rejects_bad_pretraining_settings():
+    with pytest.raises(ValueError, match="pretrain_steps"):
+        Budget(pretrain_steps=-1)
+    with pytest.raises(ValueError, match="mlm_probability"):
+        Budget(mlm_probability=0.0)

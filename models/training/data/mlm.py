@@ -47,6 +47,32 @@ def load_mlm_texts(args: Any, split: str) -> list[str]:
     return texts
 
 
+def bert_masking(
+    input_ids: torch.Tensor,
+    maskable: torch.Tensor,
+    probability: float,
+    mask_token_id: int,
+    random_id_range: tuple[int, int],
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    BERT's masking rule on a tensor of token ids of any shape: each `maskable` token is chosen with `probability`;
+    a chosen token becomes `mask_token_id` (80%), a random id in `[low, high)` of `random_id_range` (10%) or stays
+    (10%), and is the only kind of position with a label.
+
+    Returns:
+        `(masked_ids, labels)`, both shaped like `input_ids`; labels are the original ids where chosen, else -100.
+    """
+    shape = input_ids.shape
+    selected = (torch.rand(shape, generator=generator) < probability) & maskable
+    action = torch.rand(shape, generator=generator)
+    random_ids = torch.randint(*random_id_range, shape, generator=generator)
+    labels = torch.where(selected, input_ids, torch.full_like(input_ids, -100))
+    masked = torch.where(selected & (action < 0.8), torch.full_like(input_ids, mask_token_id), input_ids)
+    masked = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, masked)
+    return masked, labels
+
+
 @dataclass
 class MLMCollator:
     """
@@ -82,13 +108,14 @@ class MLMCollator:
         digest = hashlib.blake2b(ids.numpy().tobytes(), digest_size=8)
         digest.update(f"{self.seed}:{self.epoch}".encode())
         generator = torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") & 0x7FFF_FFFF_FFFF_FFFF)
-        n = len(ids)
-        selected = (torch.rand(n, generator=generator) < self.mlm_probability) & ~torch.isin(ids, self._special)
-        action = torch.rand(n, generator=generator)
-        random_ids = torch.randint(len(self.tokenizer), (n,), generator=generator)
-        labels = torch.where(selected, ids, torch.full_like(ids, -100))
-        masked = torch.where(selected & (action < 0.8), torch.full_like(ids, self.tokenizer.mask_token_id), ids)
-        masked = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, masked)
+        masked, labels = bert_masking(
+            ids,
+            ~torch.isin(ids, self._special),
+            self.mlm_probability,
+            self.tokenizer.mask_token_id,
+            (0, len(self.tokenizer)),
+            generator,
+        )
         return masked.tolist(), labels.tolist()
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

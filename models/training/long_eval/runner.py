@@ -15,8 +15,10 @@ from typing import Any
 import torch
 from transformers import get_inverse_sqrt_schedule, get_linear_schedule_with_warmup
 
+from ...core.configuration import ZooConfig
 from ...registry import FAMILIES
-from .tasks import PAD_ID, Example, TaskData
+from ..data.mlm import bert_masking
+from .tasks import FIRST_SYMBOL_ID, MASK_ID, PAD_ID, Example, TaskData
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,11 @@ class Budget:
             the loss reduction stay float32.
         group_by_length: cut each batch from examples of similar length (see [`training_batches`]), so that a batch
             of short reviews is not padded to the one long review among them; transformers' `group_by_length`.
+        pretrain_steps: masked-language-model steps on the task's own training inputs before the classifier is
+            fine-tuned from the pretrained encoder ("self-pretraining", Amos et al. 2023, who show that it lifts
+            Transformers from scratch on LRA); 0 trains the classifier from scratch, LRA's protocol. The steps use the
+            same batch size, learning rate, warm-up and schedule as fine-tuning.
+        mlm_probability: share of the real (non-special) tokens the pretraining predicts (BERT's 15%).
     """
 
     steps: int = 600
@@ -71,10 +78,16 @@ class Budget:
     schedule: str = "linear"
     bf16: bool = False
     group_by_length: bool = False
+    pretrain_steps: int = 0
+    mlm_probability: float = 0.15
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"`schedule` must be one of {sorted(SCHEDULES)}, got {self.schedule!r}.")
+        if self.pretrain_steps < 0:
+            raise ValueError(f"`pretrain_steps` must be >= 0, got {self.pretrain_steps}.")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"`mlm_probability` must be in (0, 1), got {self.mlm_probability}.")
 
 
 @dataclass(frozen=True)
@@ -141,9 +154,8 @@ def training_batches(
         yield from batches
 
 
-def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn.Module:
-    """A freshly initialised `<Prefix>ForSequenceClassification` for the task (same size for every family; the
-    task's protocol overrides, then the row's)."""
+def model_config(task: TaskData, spec: RunSpec, size: ModelSize) -> ZooConfig:
+    """The row's config on `task` (same size for every family; the task's protocol overrides, then the row's)."""
     family = FAMILIES[spec.model_type]
     fields = {
         **dataclasses.asdict(size),
@@ -154,7 +166,12 @@ def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn
         **task.model_overrides,
         **spec.overrides,
     }
-    return family.sequence_classification_class(family.config_class(**fields))
+    return family.config_class(**fields)
+
+
+def build_classifier(task: TaskData, spec: RunSpec, size: ModelSize) -> torch.nn.Module:
+    """A freshly initialised `<Prefix>ForSequenceClassification` for the task."""
+    return FAMILIES[spec.model_type].sequence_classification_class(model_config(task, spec, size))
 
 
 def _autocast(device: torch.device, bf16: bool) -> torch.autocast:
@@ -199,6 +216,70 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def masked_batches(
+    batches: Iterator[list[Example]], vocab_size: int, probability: float, seed: int, device: torch.device | str
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Masked-language-model batches from classification batches: BERT's rule on the real tokens (not `[CLS]`,
+    `[SEP]`, padding), random replacements among the task's symbols; the labels of the examples are dropped."""
+    generator = torch.Generator().manual_seed(seed)
+    for examples in batches:
+        batch = collate(examples)
+        ids = batch["input_ids"]
+        input_ids, labels = bert_masking(
+            ids, ids >= FIRST_SYMBOL_ID, probability, MASK_ID, (FIRST_SYMBOL_ID, vocab_size), generator
+        )
+        masked = {"input_ids": input_ids, "attention_mask": batch["attention_mask"], "labels": labels}
+        yield {name: tensor.to(device, non_blocking=True) for name, tensor in masked.items()}
+
+
+def optimize(
+    model: torch.nn.Module,
+    batches: Iterator[dict[str, torch.Tensor]],
+    steps: int,
+    budget: Budget,
+    name: str,
+    log_every: int = 25,
+) -> dict[str, Any]:
+    """`steps` AdamW steps of `model` on `batches` with `budget`'s learning rate, warm-up, schedule, clipping and
+    precision (a run's pretraining and its fine-tuning both go through here).
+
+    Returns:
+        `curve` (mean training loss every `log_every` steps), `seconds` (wall time) and `tokens` (real tokens seen).
+
+    Raises:
+        FloatingPointError: A training loss is not finite.
+    """
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=budget.learning_rate, weight_decay=budget.weight_decay)
+    schedule = SCHEDULES[budget.schedule](optimizer, dataclasses.replace(budget, steps=steps))
+    model.train()
+    _synchronize(device)
+    curve, window, tokens, start = [], [], 0, time.perf_counter()
+    for step in range(1, steps + 1):
+        batch = next(batches)
+        tokens += int(batch["attention_mask"].sum())
+        with _autocast(device, budget.bf16):
+            loss = model(**batch).loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{name}: non-finite training loss at step {step}.")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), budget.max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        window.append(float(loss.detach()))
+        if step % log_every == 0 or step == steps:
+            curve.append({"step": step, "loss": sum(window) / len(window)})
+            window = []
+            # Runs last minutes to hours on a CPU: the curve so far is the only sign of life until they end.
+            logger.info(
+                "%s: step %d/%d, training loss %.4f, %.0f s",
+                name, step, steps, curve[-1]["loss"], time.perf_counter() - start,
+            )  # fmt: skip
+    _synchronize(device)
+    return {"curve": curve, "seconds": time.perf_counter() - start, "tokens": tokens}
+
+
 def train_and_evaluate(
     task: TaskData,
     spec: RunSpec,
@@ -207,7 +288,8 @@ def train_and_evaluate(
     log_every: int = 25,
     device: str | torch.device | None = "cpu",
 ) -> dict[str, Any]:
-    """Train `spec`'s family on `task` for `budget.steps` steps, then evaluate on the task's validation set.
+    """Train `spec`'s family on `task` for `budget.steps` steps (after `budget.pretrain_steps` masked-language-model
+    steps on the task's training inputs, when set), then evaluate on the task's validation set.
 
     Args:
         device: where the model trains (`"auto"`: CUDA when available). Runs on two devices differ by
@@ -215,44 +297,32 @@ def train_and_evaluate(
 
     Returns:
         A JSON-able record: accuracy, validation loss, the training-loss curve (mean over `log_every` steps), wall
-        time of training, real (non-padding) training tokens per second, the parameter count and the device.
+        time of training, real (non-padding) training tokens per second, the parameter count and the device; with
+        pretraining also its loss curve and wall time.
     """
     if spec.length != task.length:
         raise ValueError(f"The task is encoded at length {task.length}, the run asks for {spec.length}.")
     device = resolve_device(device)
+    name = f"{spec.key} on {task.name}"
     torch.manual_seed(budget.seed)
-    model = build_classifier(task, spec, size).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=budget.learning_rate, weight_decay=budget.weight_decay)
-    schedule = SCHEDULES[budget.schedule](optimizer, budget)
+    config = model_config(task, spec, size)
+    family = FAMILIES[spec.model_type]
+    model = family.sequence_classification_class(config).to(device)
+    pretraining: dict[str, Any] = {}
+    if budget.pretrain_steps:
+        encoder = family.masked_lm_class(config).to(device)
+        batches = training_batches(
+            task.train_stream(budget.seed), budget.batch_size, budget.group_by_length, budget.seed
+        )
+        stream = masked_batches(batches, task.vocab_size, budget.mlm_probability, budget.seed, device)
+        pretraining = optimize(encoder, stream, budget.pretrain_steps, budget, f"{name} (pretraining)", log_every)
+        # The classifier starts from the pretrained encoder; its head stays freshly initialised.
+        model.model.load_state_dict(encoder.model.state_dict())
+        del encoder
     batches = training_batches(task.train_stream(budget.seed), budget.batch_size, budget.group_by_length, budget.seed)
-    model.train()
-    _synchronize(device)
-    curve, window, tokens, start = [], [], 0, time.perf_counter()
-    for step in range(1, budget.steps + 1):
-        batch = collate(next(batches), device)
-        tokens += int(batch["attention_mask"].sum())
-        with _autocast(device, budget.bf16):
-            loss = model(**batch).loss
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{spec.key} on {task.name}: non-finite training loss at step {step}.")
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), budget.max_grad_norm)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        window.append(float(loss.detach()))
-        if step % log_every == 0 or step == budget.steps:
-            curve.append({"step": step, "loss": sum(window) / len(window)})
-            window = []
-            # Runs last minutes to hours on a CPU: the curve so far is the only sign of life until they end.
-            logger.info(
-                "%s on %s: step %d/%d, training loss %.4f, %.0f s",
-                spec.key, task.name, step, budget.steps, curve[-1]["loss"], time.perf_counter() - start,
-            )  # fmt: skip
-    _synchronize(device)
-    train_seconds = time.perf_counter() - start
+    trained = optimize(model, (collate(b, device) for b in batches), budget.steps, budget, name, log_every)
     metrics = evaluate(model, task.validation, budget.eval_batch_size, budget.bf16)
-    return {
+    record = {
         "task": task.name,
         "label": spec.label,
         "model_type": spec.model_type,
@@ -260,9 +330,12 @@ def train_and_evaluate(
         "overrides": spec.overrides,
         "accuracy": metrics["accuracy"],
         "validation_loss": metrics["loss"],
-        "train_seconds": train_seconds,
-        "train_tokens_per_second": tokens / train_seconds if train_seconds > 0 else math.nan,
+        "train_seconds": trained["seconds"],
+        "train_tokens_per_second": trained["tokens"] / trained["seconds"] if trained["seconds"] > 0 else math.nan,
         "parameters": sum(p.numel() for p in model.parameters()),
         "device": device_name(device),
-        "curve": curve,
+        "curve": trained["curve"],
     }
+    if pretraining:
+        record.update(pretrain_seconds=pretraining["seconds"], pretrain_curve=pretraining["curve"])
+    return record

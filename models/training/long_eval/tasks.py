@@ -21,7 +21,7 @@ from ..data.listops import VOCABULARY as LISTOPS_VOCABULARY
 from ..data.listops import ListOpsSettings, generate_listops, shallow_baselines
 from .byte_ngrams import byte_ngram_accuracy
 
-PAD_ID, CLS_ID, SEP_ID = 0, 2, 3
+PAD_ID, CLS_ID, SEP_ID, MASK_ID = (SPECIAL_TOKENS.index(token) for token in ("[PAD]", "[CLS]", "[SEP]", "[MASK]"))
 FIRST_SYMBOL_ID = len(SPECIAL_TOKENS)
 TASK_NAMES = ("imdb", "text", "listops")
 #: Training trees the ListOps reference predictors (majority class, first operator) are fitted on.
