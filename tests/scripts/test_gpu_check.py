@@ -83,6 +83,13 @@ def test_goals_compare_each_method_at_16384_with_dense_bigbird_and_longformer(gp
     # Faster than dense, but slower than BigBird.
     assert goals["smart_bird"]["time_met"] and not goals["smart_bird"]["beats_bigbird_and_longformer"]
     assert goals["sparse_transformer"]["time_ratio"] is None and goals["sparse_transformer"]["time_met"] is None
+    # A baseline that ran out of memory is beaten; one that was not run says nothing.
+    report["results"][-1] = {"model": "hf:longformer", "length": 16384, "status": "oom"}
+    assert {goal["model"]: goal for goal in gpu_check.goals(report)}["a2former"]["beats_bigbird_and_longformer"]
+    report["results"].pop()
+    assert {goal["model"]: goal for goal in gpu_check.goals(report)}["a2former"][
+        "beats_bigbird_and_longformer"
+    ] is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
