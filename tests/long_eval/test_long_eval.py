@@ -32,6 +32,7 @@ from attnzoo.training.long_eval import (
     text_task,
     train_and_evaluate,
 )
+from attnzoo.training.long_eval.report import markdown_report
 from attnzoo.training.long_eval.runner import GROUP_BATCHES, build_classifier, training_batches
 from attnzoo.training.long_eval.tasks import (
     CLS_ID,
@@ -407,6 +408,9 @@ def test_self_pretraining_learns_the_inputs_and_the_classifier_starts_from_its_e
     assert finetune_start.keys() == pretrained.keys()
     assert all(torch.equal(finetune_start[k], pretrained[k]) for k in pretrained)
     assert not all(torch.equal(pretrain_start[k], pretrained[k]) for k in pretrained)
+    # The report counts the pretraining in the run's time.
+    row = markdown_report({"runs": [record]}).splitlines()[-1]
+    assert f"| {record['pretrain_seconds']:.0f} pretraining + {record['train_seconds']:.0f} |" in row
     plain = train_and_evaluate(
         task, RunSpec("dense_transformer", 24), TINY, dataclasses.replace(budget, pretrain_steps=0)
     )

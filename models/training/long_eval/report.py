@@ -58,9 +58,12 @@ def markdown_report(results: dict[str, Any]) -> str:
         ]
         for run in sorted(runs, key=lambda r: (r["label"], r["length"])):
             delta = "–" if dense_short is None else f"{100 * (run['accuracy'] - dense_short['accuracy']):+.1f}"
+            seconds = f"{run['train_seconds']:.0f}"
+            if "pretrain_seconds" in run:  # self-pretraining first: its time is part of the run's cost
+                seconds = f"{run['pretrain_seconds']:.0f} pretraining + {seconds}"
             lines.append(
                 f"| {run['label']} | {run['length']} | {100 * run['accuracy']:.1f} | {delta} | "
-                f"{run['validation_loss']:.3f} | {run['train_seconds']:.0f} | {run['train_tokens_per_second']:.0f} |"
+                f"{run['validation_loss']:.3f} | {seconds} | {run['train_tokens_per_second']:.0f} |"
             )
         lines.append("")
     return "\n".join(lines)
