@@ -15,6 +15,11 @@ Examples:
     # one family against dense on IMDB at 2048, with an ablation row
     python scripts/run_long_eval.py --tasks imdb --families a2former --imdb_lengths 2048 \
         --variant "a2former:num_global_tokens=0" --output_dir outputs/long-eval-a2
+    # LRA Text with self-pretraining: 900 masked-LM steps on the training bytes, then the classifier (README
+    # "Long inputs"; one GPU)
+    python scripts/run_long_eval.py --tasks text --families --variant "a2former:position_embedding_type=sinusoidal" \
+        --text_lengths 4096 --text_dense_lengths --text_pooling mean --group_by_length --steps 1500 --batch_size 16 \
+        --learning_rate 1e-3 --warmup_steps 150 --pretrain_steps 900 --device cuda --output_dir outputs/lra-text-spt
     # LRA ListOps at its published budget and size, on a GPU (README "GPU")
     python scripts/run_long_eval.py --tasks listops --listops_lengths 2000 --device cuda --bf16 \
         --hidden_size 512 --num_hidden_layers 6 --num_attention_heads 8 --intermediate_size 2048 \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first device call of 2026-11-26 on the H200, run from the repository root with .whl/ (datasets, dill,
-# multiprocess wheels) carried: `bash commands.sh 900 370`. Tests beside the self-pretrained Text runs, then the
-# benchmarks.
+# multiprocess wheels) carried: `bash scripts/results/gpu-2026-11-26-h200/commands.sh 900 370`. Tests beside the
+# self-pretrained Text runs, then the benchmarks.
 set -u
 P="${1:-900}"; TEXT_SECONDS="${2:-380}"
 S=/tmp/site; mkdir -p $S
