@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+from attnzoo.registry import FAMILIES
 from attnzoo.training.data.listops import ListOpsSettings
 from attnzoo.training.data.mlm import bert_masking
 from attnzoo.training.long_eval import (
@@ -33,7 +34,7 @@ from attnzoo.training.long_eval import (
     train_and_evaluate,
 )
 from attnzoo.training.long_eval.report import markdown_report
-from attnzoo.training.long_eval.runner import GROUP_BATCHES, build_classifier, training_batches
+from attnzoo.training.long_eval.runner import GROUP_BATCHES, build_classifier, model_config, training_batches
 from attnzoo.training.long_eval.tasks import (
     CLS_ID,
     FIRST_SYMBOL_ID,
@@ -422,3 +423,17 @@ def test_budget_rejects_bad_pretraining_settings():
         Budget(pretrain_steps=-1)
     with pytest.raises(ValueError, match="mlm_probability"):
         Budget(mlm_probability=0.0)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_every_family_classifier_loads_its_masked_lm_encoder(model_type):
+    # Self-pretraining hands the masked-LM's encoder to the classifier with a strict load.
+    task = TaskData("imdb", 64, FIRST_SYMBOL_ID + 6, 2, epoch_stream([]), [])
+    config = model_config(task, RunSpec(model_type, 64), TINY)
+    family = FAMILIES[model_type]
+    torch.manual_seed(0)
+    encoder = family.masked_lm_class(config).model
+    classifier = family.sequence_classification_class(config)
+    classifier.model.load_state_dict(encoder.state_dict())
+    loaded, source = classifier.model.state_dict(), encoder.state_dict()
+    assert loaded.keys() == source.keys() and all(torch.equal(loaded[k], source[k]) for k in source)
