@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -25,8 +26,8 @@ from transformers import BertConfig, BertForMaskedLM
 
 from attnzoo.registry import FAMILIES
 from attnzoo.training.long_eval import DEFAULT_REVIEWS_FILE, Budget, ModelSize, RunSpec, TaskData, text_task
-from attnzoo.training.long_eval.runner import masked_batches, model_config, optimize, training_batches
-from attnzoo.training.long_eval.tasks import CLS_ID, FIRST_SYMBOL_ID, SEP_ID, epoch_stream
+from attnzoo.training.long_eval.runner import masked_batches, model_config, optimize, run_batches
+from attnzoo.training.long_eval.tasks import CLS_ID, FIRST_SYMBOL_ID, PAD_ID, SEP_ID, epoch_stream
 
 #: Symbols of the pair task, and its map from a pair's first symbol to its second (7 is invertible modulo 40, so
 #: either symbol of a pair gives the other away).
@@ -49,13 +50,10 @@ def pair_task(length: int, examples: int = 2000, seed: int = 0) -> TaskData:
 def hf_bert(task: TaskData, size: ModelSize) -> torch.nn.Module:
     """transformers' `BertForMaskedLM` with the families' shape (learned positions, post-LN)."""
     config = BertConfig(
+        **dataclasses.asdict(size),
         vocab_size=task.vocab_size,
-        hidden_size=size.hidden_size,
-        num_hidden_layers=size.num_hidden_layers,
-        num_attention_heads=size.num_attention_heads,
-        intermediate_size=size.intermediate_size,
         max_position_embeddings=max(task.length, 512),
-        pad_token_id=0,
+        pad_token_id=PAD_ID,
     )
     return BertForMaskedLM(config)
 
@@ -98,8 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, build in builders.items():
         torch.manual_seed(args.seed)
         model = build()
-        batches = training_batches(task.train_stream(args.seed), args.batch_size, seed=args.seed)
-        stream = masked_batches(batches, task.vocab_size, budget.mlm_probability, args.seed, "cpu")
+        stream = masked_batches(run_batches(task, budget), task.vocab_size, budget.mlm_probability, args.seed, "cpu")
         curve = optimize(model, stream, args.steps, budget, name, log_every=50)["curve"]
         results["rows"][name] = curve
         print(f"{name:20s} masked-LM loss {curve[0]['loss']:.2f} -> {curve[-1]['loss']:.2f} nats", flush=True)

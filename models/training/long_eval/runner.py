@@ -154,6 +154,12 @@ def training_batches(
         yield from batches
 
 
+def run_batches(task: TaskData, budget: Budget) -> Iterator[list[Example]]:
+    """A run's endless training batches: the task's stream under the budget's seed, batch size and length grouping
+    (the pretraining and the fine-tuning of a run each draw a fresh one, so both see the same order)."""
+    return training_batches(task.train_stream(budget.seed), budget.batch_size, budget.group_by_length, budget.seed)
+
+
 def model_config(task: TaskData, spec: RunSpec, size: ModelSize) -> ZooConfig:
     """The row's config on `task` (same size for every family; the task's protocol overrides, then the row's)."""
     family = FAMILIES[spec.model_type]
@@ -311,16 +317,16 @@ def train_and_evaluate(
     pretraining: dict[str, Any] = {}
     if budget.pretrain_steps:
         encoder = family.masked_lm_class(config).to(device)
-        batches = training_batches(
-            task.train_stream(budget.seed), budget.batch_size, budget.group_by_length, budget.seed
+        stream = masked_batches(
+            run_batches(task, budget), task.vocab_size, budget.mlm_probability, budget.seed, device
         )
-        stream = masked_batches(batches, task.vocab_size, budget.mlm_probability, budget.seed, device)
         pretraining = optimize(encoder, stream, budget.pretrain_steps, budget, f"{name} (pretraining)", log_every)
         # The classifier starts from the pretrained encoder; its head stays freshly initialised.
         model.model.load_state_dict(encoder.model.state_dict())
         del encoder
-    batches = training_batches(task.train_stream(budget.seed), budget.batch_size, budget.group_by_length, budget.seed)
-    trained = optimize(model, (collate(b, device) for b in batches), budget.steps, budget, name, log_every)
+    trained = optimize(
+        model, (collate(b, device) for b in run_batches(task, budget)), budget.steps, budget, name, log_every
+    )
     metrics = evaluate(model, task.validation, budget.eval_batch_size, budget.bf16)
     record = {
         "task": task.name,
