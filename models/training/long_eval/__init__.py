@@ -2,7 +2,7 @@
 
 `scripts/run_long_eval.py` is the command; the pieces are the tasks ([`tasks`]: IMDB tokens, LRA Text bytes, LRA
 ListOps), one training run at an equal budget ([`runner`]), the grid with resume ([`evaluate`]), the reports
-([`report`]) and the measurements behind the table ([`diagnostics`]).
+([`report`]), the measurements behind the table ([`diagnostics`]) and a seed sweep read together ([`seeds`]).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ..modeling import parse_config_overrides
 from .diagnostics import diagnose, diagnostics_markdown
 from .evaluate import Row, TaskPlan, planned_runs, planned_tasks, run_diagnostics, run_long_eval
 from .runner import SCHEDULES, Budget, ModelSize, RunSpec, collate, evaluate, resolve_device, train_and_evaluate
+from .seeds import SeedRow, find_row, load_seed_rows, paired_difference, seeds_markdown
 from .tasks import (
     TASK_NAMES,
     TEXT_POOLINGS,
@@ -49,14 +50,18 @@ __all__ = [
     "ModelSize",
     "Row",
     "RunSpec",
+    "SeedRow",
     "TaskData",
     "TaskPlan",
     "collate",
     "diagnose",
     "diagnostics_markdown",
     "evaluate",
+    "find_row",
     "imdb_task",
     "listops_task",
+    "load_seed_rows",
+    "paired_difference",
     "parse_variant",
     "planned_runs",
     "planned_tasks",
@@ -64,6 +69,7 @@ __all__ = [
     "read_reviews",
     "resolve_device",
     "run_long_eval",
+    "seeds_markdown",
     "split_reviews",
     "text_task",
     "train_and_evaluate",

@@ -1,0 +1,110 @@
+"""A seed sweep read together (`attnzoo.training.long_eval.seeds`, `scripts/long_eval_seeds.py`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnzoo.training.long_eval.report import save_results
+from attnzoo.training.long_eval.seeds import (
+    find_row,
+    load_seed_rows,
+    paired_difference,
+    seeds_markdown,
+    seeds_records,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SIZE = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512}
+
+
+def write_folder(path: Path, seed: int, accuracies: dict[tuple[str, int], float], **budget) -> Path:
+    """A results folder as `run_long_eval.py` leaves it: one seed, Text runs with the given accuracies."""
+    runs = [
+        {"task": "text", "label": label, "length": length, "accuracy": accuracy, "device": "cpu"}
+        for (label, length), accuracy in accuracies.items()
+    ]
+    settings = {"size": SIZE, "budget": {"steps": 1500, "seed": seed, **budget}}
+    save_results(path / "long_eval.json", {"settings": settings, "runs": runs})
+    return path
+
+
+def test_rows_pair_by_seed_and_are_split_by_what_differs_between_folders(tmp_path):
+    folders = [
+        # an older folder without `pretrain_steps` reads as its default, 0: the same protocol as the explicit 0
+        write_folder(tmp_path / "a0", 0, {("dense", 1024): 0.60, ("a2", 4096): 0.62}),
+        write_folder(tmp_path / "a1", 1, {("dense", 1024): 0.58, ("a2", 4096): 0.62}, pretrain_steps=0),
+        write_folder(tmp_path / "a2", 2, {("a2", 4096): 0.50}, pretrain_steps=0),
+        write_folder(tmp_path / "b0", 0, {("dense", 1024): 0.55}, pretrain_steps=900),
+    ]
+    rows = load_seed_rows(folders)
+    assert [row.name for row in rows] == [
+        "a2@4096 (pretrain_steps=0)",
+        "dense@1024 (pretrain_steps=0)",
+        "dense@1024 (pretrain_steps=900)",
+    ]
+    a2, dense = rows[0], rows[1]
+    assert a2.accuracies == {0: 0.62, 1: 0.62, 2: 0.50}
+    assert math.isclose(a2.mean, 0.58) and math.isclose(a2.sd, math.sqrt(((0.04**2) * 2 + 0.08**2) / 2))
+
+    # seed 2 has no dense run: the pairing uses seeds 0 and 1 only (differences 0.02 and 0.04)
+    diff = paired_difference(a2, dense)
+    assert diff.seeds == (0, 1) and diff.ahead == 2
+    assert math.isclose(diff.mean, 0.03) and math.isclose(diff.standard_error, 0.01)
+
+    # with only seed-varying folders there is no protocol in the names
+    assert [row.name for row in load_seed_rows(folders[:2])] == ["a2@4096", "dense@1024"]
+
+
+def test_markdown_and_records_carry_the_paired_difference(tmp_path):
+    folders = [
+        write_folder(tmp_path / "s0", 0, {("dense", 1024): 0.60, ("a2", 4096): 0.62}),
+        write_folder(tmp_path / "s1", 1, {("dense", 1024): 0.58, ("a2", 4096): 0.62, ("st", 4096): 0.57}),
+    ]
+    rows = load_seed_rows(folders)
+    baselines = {"text": find_row(rows, "text", "dense@1024")}
+    markdown = seeds_markdown(rows, baselines)
+    assert "| a2@4096 | 62.0 | 62.0 | 62.0 ± 0.0 | +3.0 ± 1.0 | 2 of 2 | cpu |" in markdown
+    assert "| st@4096 | – | 57.0 | 57.0 ± – | -1.0 ± – | 0 of 1 | cpu |" in markdown
+    records = {record["row"]: record for record in seeds_records(rows, baselines)}
+    assert records["st@4096"]["sd"] is None and records["st@4096"]["paired_difference"]["standard_error"] is None
+    assert "paired_difference" not in records["dense@1024"]
+    json.dumps(list(records.values()), allow_nan=False)  # no NaN reaches the JSON
+
+
+def test_a_seed_twice_and_an_unknown_baseline_are_refused(tmp_path):
+    first = write_folder(tmp_path / "x", 0, {("dense", 1024): 0.60})
+    copy = write_folder(tmp_path / "y", 0, {("dense", 1024): 0.61})
+    with pytest.raises(ValueError, match="seed 0 of dense@1024 on text is already in another folder"):
+        load_seed_rows([first, copy])
+    with pytest.raises(ValueError, match="holds no runs"):
+        load_seed_rows([tmp_path / "empty"])
+    rows = load_seed_rows([first])
+    with pytest.raises(ValueError, match=r"No 'text' row named 'dense@512'\. The rows are:\n  dense@1024"):
+        find_row(rows, "text", "dense@512")
+
+
+def test_script_writes_markdown_and_json_and_names_a_missing_row(tmp_path):
+    folders = [
+        str(write_folder(tmp_path / f"s{seed}", seed, {("dense", 1024): 0.6, ("a2", 4096): 0.6 + seed / 100}))
+        for seed in range(3)
+    ]
+    script = [sys.executable, str(REPO_ROOT / "scripts" / "long_eval_seeds.py"), *folders]
+    output = tmp_path / "out" / "seeds.md"
+    done = subprocess.run(
+        [*script, "--baseline", "dense@1024", "--output", str(output)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| a2@4096 | 60.0 | 61.0 | 62.0 | 61.0 ± 1.0 | +1.0 ± 0.6 | 2 of 3 | cpu |" in output.read_text()
+    numbers = json.loads(output.with_suffix(".json").read_text())
+    assert [record["row"] for record in numbers] == ["a2@4096", "dense@1024"]
+    assert numbers[0]["paired_difference"]["seeds"] == [0, 1, 2]
+
+    missing = subprocess.run([*script, "--baseline", "dense@512"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "No 'text' row named 'dense@512'" in missing.stderr
+    assert "Traceback" not in missing.stderr
