@@ -5,16 +5,22 @@
 # size, 1,500 steps of batch 16, AdamW 1e-3, 150 warm-up steps, mean pooling, length-grouped batches, fp32) on CUDA.
 # Jobs, in priority order (each its own process: the models are small, so one GPU trains many side by side; each seed
 # its own results folder, since a folder holds one budget):
-#   1. for every seed: dense attention truncated to 1,024 bytes and A²-Former reading 4,096, fixed sinusoidal positions;
+#   1. for every seed: dense attention truncated to 1,024 bytes and A²-Former reading 4,096, fixed (sinusoidal)
+#      positions;
 #   2. seed 0 of the other sparse families at 4,096 bytes, fixed positions;
 #   3. for every seed: the same pair with the default learned position table.
 # With PRETRAIN_STEPS=P (environment) every run first pretrains its encoder for P masked-language-model steps on the
 # training reviews (self-pretraining, `run_long_eval.py --pretrain_steps`), and the jobs are, for every seed, dense at
-# 1,024 bytes, A²-Former and the Sparse Transformer at 4,096, fixed positions; results in OUT_DIR/spt<P>-seed<N>/.
+# 1,024 bytes, A²-Former and the Sparse Transformer at 4,096, fixed positions.
+# STEPS=S (environment) sets the fine-tuning steps (default 1,500), e.g. a from-scratch run as long as another row's
+# pretraining plus fine-tuning. ROWS="LENGTH ROW[;LENGTH ROW...]" replaces the job list: every entry for every seed, a
+# ROW as `--variant` takes it (`a2former:position_embedding_type=sinusoidal`) or a bare family (its defaults).
+# Results in OUT_DIR/[spt<P>-][steps<S>-]seed<N>/ (the parts that differ from the defaults). DRY_RUN=1 prints the jobs
+# ("SEED LENGTH ROW" per line) and the folder prefix instead of running them.
 # A job that fails on the fast (Triton) path is run again with `attention_backend=reference` under its own label.
 #
-# Usage (repository root, attnzoo importable): [PRETRAIN_STEPS=P] bash scripts/gpu_lra_text.sh OUT_DIR [SECONDS]
-#   [PARALLEL] [SEED...]
+# Usage (repository root, attnzoo importable):
+#   [PRETRAIN_STEPS=P] [STEPS=S] [ROWS=...] bash scripts/gpu_lra_text.sh OUT_DIR [SECONDS] [PARALLEL] [SEED...]
 #   SECONDS: wall-clock limit for all jobs (default 360); PARALLEL: jobs at once (default 14); seeds default to 0-4.
 set -uo pipefail
 out="$1"
@@ -24,9 +30,27 @@ shift $(($# < 3 ? $# : 3))
 seeds=("${@}")
 [ ${#seeds[@]} -gt 0 ] || seeds=(0 1 2 3 4)
 pretrain="${PRETRAIN_STEPS:-0}"
+steps="${STEPS:-1500}"
+for value in "$pretrain" "$steps"; do
+    if ! [[ "$value" =~ ^[0-9]+$ ]]; then
+        echo "gpu_lra_text: PRETRAIN_STEPS and STEPS take a step count, got '$value'" >&2
+        exit 2
+    fi
+done
+# Every ROWS entry is "LENGTH ROW"; a malformed one would otherwise fail inside a job, after the device time is spent.
+if [ -n "${ROWS:-}" ]; then
+    IFS=';' read -ra entries <<< "$ROWS"
+    for entry in "${entries[@]}"; do
+        read -r entry <<< "$entry"
+        if [ -n "$entry" ] && ! [[ "$entry" =~ ^[0-9]+\ [a-z0-9_]+(:[^\ ]+)?$ ]]; then
+            echo "gpu_lra_text: a ROWS entry is 'LENGTH FAMILY[:FIELD=VALUE,...]', got '$entry'" >&2
+            exit 2
+        fi
+    done
+fi
 folder=seed
-[ "$pretrain" -gt 0 ] && folder="spt$pretrain-seed"
-mkdir -p "$out"
+[ "$steps" -ne 1500 ] && folder="steps$steps-$folder"
+[ "$pretrain" -gt 0 ] && folder="spt$pretrain-$folder"
 
 # One job: SEED LENGTH ROW, the row a family's default (`a2former`) or a variant (`a2former:FIELD=VALUE`).
 # Writes $out/$folder<SEED>/ and a log beside it.
@@ -39,32 +63,52 @@ job() {
         fallback=(--families --variant "$row,attention_backend=reference")
     fi
     local args=(--tasks text --text_lengths "$length" --text_dense_lengths --text_pooling mean
-        --group_by_length --steps 1500 --batch_size 16 --learning_rate 1e-3 --warmup_steps 150 --device cuda
+        --group_by_length --steps "$steps" --batch_size 16 --learning_rate 1e-3 --warmup_steps 150 --device cuda
         --pretrain_steps "$pretrain" --seed "$seed" --output_dir "$out/$folder$seed")
     python3 scripts/run_long_eval.py "${args[@]}" "${first[@]}" >"$log" 2>&1 \
         || python3 scripts/run_long_eval.py "${args[@]}" "${fallback[@]}" >>"$log" 2>&1
 }
 export -f job
-export out pretrain folder
+export out pretrain steps folder
 
-sin=position_embedding_type=sinusoidal
-if [ "$pretrain" -gt 0 ]; then
-    for seed in "${seeds[@]}"; do
-        echo "$seed 1024 dense_transformer:$sin"
-        echo "$seed 4096 a2former:$sin"
-        echo "$seed 4096 sparse_transformer:$sin"
-    done
-else
-    for seed in "${seeds[@]}"; do
-        echo "$seed 1024 dense_transformer:$sin"
-        echo "$seed 4096 a2former:$sin"
-    done
-    for family in sparse_transformer smart_bird fsat sbm; do
-        echo "${seeds[0]} 4096 $family:$sin"
-    done
-    for seed in "${seeds[@]}"; do
-        echo "$seed 1024 dense_transformer"
-        echo "$seed 4096 a2former"
-    done
-fi | timeout "$limit" xargs -P "$parallel" -L 1 bash -c 'job "$0" "$1" "$2"'
+# The job list, one "SEED LENGTH ROW" per line.
+job_list() {
+    local sin=position_embedding_type=sinusoidal seed entry
+    if [ -n "${ROWS:-}" ]; then
+        local entries
+        IFS=';' read -ra entries <<< "$ROWS"
+        for seed in "${seeds[@]}"; do
+            for entry in "${entries[@]}"; do
+                read -r entry <<< "$entry"  # trims the spaces around it
+                if [ -n "$entry" ]; then echo "$seed $entry"; fi
+            done
+        done
+    elif [ "$pretrain" -gt 0 ]; then
+        for seed in "${seeds[@]}"; do
+            echo "$seed 1024 dense_transformer:$sin"
+            echo "$seed 4096 a2former:$sin"
+            echo "$seed 4096 sparse_transformer:$sin"
+        done
+    else
+        for seed in "${seeds[@]}"; do
+            echo "$seed 1024 dense_transformer:$sin"
+            echo "$seed 4096 a2former:$sin"
+        done
+        for family in sparse_transformer smart_bird fsat sbm; do
+            echo "${seeds[0]} 4096 $family:$sin"
+        done
+        for seed in "${seeds[@]}"; do
+            echo "$seed 1024 dense_transformer"
+            echo "$seed 4096 a2former"
+        done
+    fi
+}
+
+if [ -n "${DRY_RUN:-}" ]; then
+    echo "folder $folder"
+    job_list
+    exit 0
+fi
+mkdir -p "$out"
+job_list | timeout "$limit" xargs -P "$parallel" -L 1 bash -c 'job "$0" "$1" "$2"'
 echo "gpu_lra_text: jobs ended (exit $?); results in $out/$folder*/long_eval.json"
