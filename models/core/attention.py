@@ -18,6 +18,7 @@ from .attention_interface import interface_attention
 from .configuration import ZooConfig
 from .global_tokens import global_count, global_query_rows, splice_rows
 from .masking import attention_bool_mask
+from .positions import apply_rotary
 
 
 @dataclass
@@ -99,6 +100,9 @@ class ZooAttention(nn.Module):
             config.num_global_tokens if self.supports_global_tokens and not (is_causal or is_cross_attention) else 0
         )
         self.layer_idx = layer_idx
+        #: rotates queries and keys by position (`position_embedding_type="rotary"`): encoder self-attention only,
+        #: since the seq2seq decoder keeps its learned positions
+        self.rotary = config.position_embedding_type == "rotary" and not (is_causal or is_cross_attention)
         self.q_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.k_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.v_proj = nn.Linear(config.hidden_size, config.hidden_size)
@@ -107,6 +111,15 @@ class ZooAttention(nn.Module):
     def init_for_warm_start(self) -> None:
         """Initialise the `not_from_source` parameters of an encoder layer whose other weights come from a
         checkpoint; the conversion calls it after loading them (nothing to do when every parameter is carried)."""
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and keys `(B, H, N, d)` rotated by position when the layer uses rotary positions, else as given.
+
+        Every kernel and the global-token rows then see the same rotated tensors, so the fast paths and their
+        references stay comparable as they are."""
+        if not self.rotary:
+            return q, k
+        return apply_rotary(q), apply_rotary(k)
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         # (B, N, D) -> (B, H, N, d)
@@ -132,6 +145,7 @@ class ZooAttention(nn.Module):
             return q, k, v
         k = self._split(self.k_proj(hidden_states))
         v = self._split(self.v_proj(hidden_states))
+        q, k = self.rotate(q, k)
         if cache is not None:
             self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
             k, v = self_cache.update(k, v, self.layer_idx)

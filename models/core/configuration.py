@@ -46,10 +46,13 @@ class ZooConfig(PreTrainedConfig):
             Longest encoder input (rows of the position table); longer inputs raise `ValueError`.
         position_embedding_type (`str`, *optional*, defaults to `"absolute"`):
             Encoder positions: `"absolute"` (BERT's learned table, one trained row per position; what BERT/RoBERTa
-            checkpoints convert to) or `"sinusoidal"` (the fixed sine/cosine table of Vaswani et al., 2017, as in
+            checkpoints convert to), `"sinusoidal"` (the fixed sine/cosine table of Vaswani et al., 2017, as in
             the Long Range Arena encoders: no parameters, so positions that few training inputs reach are still
-            well defined, and an offset between two tokens reads the same at every position). Smart Bird's sketch
-            follows the encoder's choice; the seq2seq decoder keeps learned positions.
+            well defined, and an offset between two tokens reads the same at every position) or `"rotary"` (RoPE,
+            Su et al., 2021: every encoder self-attention rotates its queries and keys by position, base 10,000,
+            so a logit depends on the offset between the two tokens; nothing is added to the embeddings, and
+            explicit `position_ids` other than `0 .. N - 1` are refused). Smart Bird's sketch follows the encoder's
+            choice; the seq2seq decoder keeps learned positions.
         type_vocab_size (`int`, *optional*, defaults to 2):
             Number of token types (segments) of the encoder.
         initializer_range (`float`, *optional*, defaults to 0.02):
@@ -195,6 +198,11 @@ class ZooConfig(PreTrainedConfig):
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
             raise ValueError(
                 f"`position_embedding_type='sinusoidal'` needs an even `hidden_size`, got {self.hidden_size}."
+            )
+        if self.position_embedding_type == "rotary" and (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(
+                "`position_embedding_type='rotary'` turns pairs of coordinates and needs an even head size "
+                f"(`hidden_size / num_attention_heads`), got {self.hidden_size // self.num_attention_heads}."
             )
         if self.classifier_pooling not in POOLING_TYPES:
             raise ValueError(f"`classifier_pooling` must be one of {POOLING_TYPES}, got {self.classifier_pooling!r}.")

@@ -1,9 +1,15 @@
-"""Fixed sinusoidal position vectors (Vaswani et al., 2017), the encoder's alternative to learned positions.
+"""The encoder's alternatives to BERT's learned position table: fixed sinusoidal vectors and rotary positions.
 
-`ZooConfig.position_embedding_type="sinusoidal"` adds these instead of BERT's learned table. A fixed table has no
-parameter per position: a position that few training inputs reach (rows past 1,024 of a 4,096-byte model trained on
-reviews of median 962 bytes) is as well defined as position 0, and `PE(p + k)` is a fixed rotation of `PE(p)` for
-every `p`, so an offset between two tokens means the same thing everywhere in the sequence.
+`ZooConfig.position_embedding_type="sinusoidal"` adds fixed sine/cosine vectors (Vaswani et al., 2017) instead of the
+learned table. A fixed table has no parameter per position: a position that few training inputs reach (rows past
+1,024 of a 4,096-byte model trained on reviews of median 962 bytes) is as well defined as position 0, and `PE(p + k)`
+is a fixed rotation of `PE(p)` for every `p`, so an offset between two tokens means the same thing everywhere.
+
+`"rotary"` adds nothing to the embeddings: every encoder self-attention rotates its queries and keys by their
+positions (RoPE, Su et al., 2021), so a query-key logit depends on the two tokens and their offset only, in every
+layer. With an added table (learned or fixed) the projections must first learn to read offsets out of the sum; on a
+masked-LM task that needs a token's neighbour, dense attention with an added table had not learned it after 600
+steps, and with rotary positions it had (`scripts/results/neighbour-probe/`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from torch import nn
 if TYPE_CHECKING:
     from .configuration import ZooConfig
 
-POSITION_EMBEDDING_TYPES = ("absolute", "sinusoidal")
+POSITION_EMBEDDING_TYPES = ("absolute", "sinusoidal", "rotary")
+
+#: wavelength base of the rotary frequencies (RoFormer's and Llama's 10,000)
+ROTARY_BASE = 10000.0
 
 
 def sinusoidal_table(num_positions: int, dim: int, scale: float, base: float = 10000.0) -> torch.Tensor:
@@ -64,12 +73,44 @@ class SinusoidalPositions(nn.Module):
         return f"{self.num_positions}, {self.dim}, scale={self.scale:.4g}"
 
 
-def build_position_embeddings(config: ZooConfig, dim: int) -> nn.Module:
+def build_position_embeddings(config: ZooConfig, dim: int) -> nn.Module | None:
     """The position module of width `dim` that `config.position_embedding_type` asks for.
 
     `"absolute"`: a learned `nn.Embedding` (BERT's table). `"sinusoidal"`: [`SinusoidalPositions`] scaled by
-    `initializer_range * sqrt(2)`, the root-mean-square of a freshly initialised embedding row.
+    `initializer_range * sqrt(2)`, the root-mean-square of a freshly initialised embedding row. `"rotary"`: `None`
+    (nothing is added to the embeddings; the attention rotates its queries and keys, [`apply_rotary`]).
     """
+    if config.position_embedding_type == "rotary":
+        return None
     if config.position_embedding_type == "sinusoidal":
         return SinusoidalPositions(config.max_position_embeddings, dim, config.initializer_range * 2**0.5)
     return nn.Embedding(config.max_position_embeddings, dim)
+
+
+def rotary_angles(
+    length: int, dim: int, device: torch.device, base: float = ROTARY_BASE, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """`(length, dim // 2)` angles `p * base^(-2i / dim)` of positions `p = 0 .. length - 1`, in `dtype`."""
+    frequencies = base ** (-torch.arange(0, dim, 2, dtype=dtype, device=device) / dim)  # (dim/2,)
+    return torch.arange(length, dtype=dtype, device=device)[:, None] * frequencies  # (N, dim/2)
+
+
+def apply_rotary(x: torch.Tensor, *, inverse: bool = False, base: float = ROTARY_BASE) -> torch.Tensor:
+    """Rotate each head vector of `x` `(B, H, N, d)` by its position `0 .. N - 1` (RoPE, half-split layout).
+
+    Coordinates `i` and `i + d/2` form a pair, turned by the angle `p * base^(-2i/d)` (the GPT-NeoX / Llama layout).
+    The product of a rotated query at `p` and a rotated key at `p'` then depends on `p' - p` only. Computed in (at
+    least) fp32 and returned in `x`'s dtype: a bf16 angle near position 4,096 would be off by up to 16 radians.
+    `inverse=True` turns the other way, undoing the rotation.
+    """
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"Rotary positions need an even head size, got {d}.")
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    angles = rotary_angles(x.shape[-2], d, x.device, base, dtype)  # (N, d/2)
+    cos, sin = angles.cos(), angles.sin()
+    if inverse:
+        sin = -sin
+    first, second = x.to(dtype).chunk(2, dim=-1)  # (B, H, N, d/2) each
+    rotated = torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    return rotated.to(x.dtype)

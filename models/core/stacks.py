@@ -41,8 +41,18 @@ def check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         raise ValueError(f"`input_ids` contain ids outside [0, vocab_size={vocab_size}).")
 
 
-def check_position_ids(position_ids: torch.Tensor, max_positions: int) -> None:
-    """Explicit `position_ids` must index the position table: a negative id would silently read its last rows."""
+def check_position_ids(position_ids: torch.Tensor, max_positions: int, rotary: bool = False) -> None:
+    """Explicit `position_ids` must index the position table: a negative id would silently read its last rows.
+
+    With rotary positions the attention rotates by each token's index, so only `0 .. N - 1` is meaningful.
+    """
+    if rotary:
+        expected = torch.arange(position_ids.shape[-1], device=position_ids.device).expand_as(position_ids)
+        if not torch.equal(position_ids, expected):
+            raise ValueError(
+                "`position_ids` other than 0 .. N - 1 are not supported with `position_embedding_type='rotary'`: "
+                "the attention rotates queries and keys by each token's index."
+            )
     if position_ids.numel() and bool((position_ids >= max_positions).any() | (position_ids < 0).any()):
         raise ValueError(
             f"`position_ids` contain positions outside [0, max_position_embeddings={max_positions}): "
@@ -53,8 +63,9 @@ def check_position_ids(position_ids: torch.Tensor, max_positions: int) -> None:
 class Embeddings(nn.Module):
     """Token + position + token type embeddings, LayerNorm and dropout (BERT layout).
 
-    `position_embeddings` is BERT's learned table (`position_embedding_type="absolute"`) or the fixed sinusoidal one
-    (`"sinusoidal"`, a [`SinusoidalPositions`] whose table is never saved or loaded).
+    `position_embeddings` is BERT's learned table (`position_embedding_type="absolute"`), the fixed sinusoidal one
+    (`"sinusoidal"`, a [`SinusoidalPositions`] whose table is never saved or loaded) or `None` (`"rotary"`: the
+    attention layers rotate queries and keys instead).
     """
 
     def __init__(self, config: ZooConfig):
@@ -80,16 +91,18 @@ class Embeddings(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(length, device=inputs_embeds.device)[None]
         else:
-            check_position_ids(position_ids, self.max_positions)
+            check_position_ids(position_ids, self.max_positions, rotary=self.position_embeddings is None)
         if token_type_ids is None:
             type_embeds = self.token_type_embeddings.weight[0]
         else:
             if bool((token_type_ids >= self.type_vocab_size).any()):
                 raise ValueError(f"`token_type_ids` must be < `type_vocab_size` ({self.type_vocab_size}).")
             type_embeds = self.token_type_embeddings(token_type_ids)
-        # The fixed table is fp32 whatever the model's dtype (`from_pretrained(dtype=...)` rebuilds it in fp32).
-        position_embeds = self.position_embeddings(position_ids).to(inputs_embeds.dtype)
-        embeddings = inputs_embeds + position_embeds + type_embeds
+        embeddings = inputs_embeds
+        if self.position_embeddings is not None:  # None: rotary positions, applied in the attention
+            # The fixed table is fp32 whatever the model's dtype (`from_pretrained(dtype=...)` rebuilds it in fp32).
+            embeddings = embeddings + self.position_embeddings(position_ids).to(inputs_embeds.dtype)
+        embeddings = embeddings + type_embeds
         return self.dropout(self.LayerNorm(embeddings))
 
 

@@ -338,6 +338,7 @@ class FSATAttention(ZooAttention):
         q = self._split(self.q_proj(hidden_states))  # (B, H, N, d)
         k = self._split(self.k_proj(cross))
         v = self._split(self.v_proj(cross))
+        q, k = self.rotate(q, k)  # rotary positions: key j is the pooled cross at position j
         if self.config.use_sparse:
             valid = key_valid
             if valid is None:

@@ -16,6 +16,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from ..core.attention import AttentionOutput, DenseAttention, ZooAttention
 from ..core.masking import causal_bool_mask
+from ..core.positions import apply_rotary
 from ..kernels import (
     dense_attention,
     dense_masked_attention,
@@ -287,8 +288,11 @@ class SBMAttention(ZooAttention):
         query_valid = None
         if key_valid is not None and not self.is_cross_attention:
             query_valid = key_valid[:, offset : offset + n]
-        q_memb = self.memberships(q, query_valid)  # (B, H, n, k)
-        k_memb = self.memberships(k, key_valid)  # (B, H, m, k)
+        # With rotary positions the memberships read the queries and keys before the rotation: a token's clusters
+        # are about its content, and the rotation (which the logits keep) already carries the offsets.
+        plain_q, plain_k = (apply_rotary(q, inverse=True), apply_rotary(k, inverse=True)) if self.rotary else (q, k)
+        q_memb = self.memberships(plain_q, query_valid)  # (B, H, n, k)
+        k_memb = self.memberships(plain_k, key_valid)  # (B, H, m, k)
         blocks = self.block_matrix()  # (H, k, k)
         pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
         sampling = self.training or cfg.sample_at_eval

@@ -80,10 +80,10 @@ class SmartBirdConfig(SparseZooConfig):
         for name in ("sketch_hidden_size", "sketch_intermediate_size", "num_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)}.")
-        if self.position_embedding_type == "sinusoidal" and self.sketch_hidden_size % 2:
+        if self.position_embedding_type in ("sinusoidal", "rotary") and self.sketch_hidden_size % 2:
             raise ValueError(
-                "`position_embedding_type='sinusoidal'` gives the sketch fixed positions too and needs an even "
-                f"`sketch_hidden_size`, got {self.sketch_hidden_size}."
+                f"`position_embedding_type={self.position_embedding_type!r}` gives the sketch the same positions "
+                f"and needs an even `sketch_hidden_size`, got {self.sketch_hidden_size}."
             )
         if self.sketch_num_layers is not None and self.sketch_num_layers < 1:
             raise ValueError(f"`sketch_num_layers` must be a positive integer or None, got {self.sketch_num_layers}.")

@@ -19,7 +19,7 @@ from transformers.activations import ACT2FN
 from transformers.loss.loss_utils import ForSequenceClassificationLoss
 
 from ..core.attention import ZooAttention
-from ..core.positions import build_position_embeddings
+from ..core.positions import apply_rotary, build_position_embeddings
 from ..core.stacks import Encoder
 from .configuration_smart_bird import SmartBirdConfig
 
@@ -46,11 +46,15 @@ class SketchLayer(nn.Module):
         self.act = ACT2FN[config.hidden_act]
         self.ffn_output = nn.Linear(config.sketch_intermediate_size, d)
         self.ffn_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.rotary = config.position_embedding_type == "rotary"
 
     def forward(
         self, x: torch.Tensor, key_valid: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, N, d)
+        if self.rotary:
+            # The returned q and k are the rotated ones: the sampler's sketch weights must be the sketch's own.
+            q, k = apply_rotary(q[:, None]).squeeze(1), apply_rotary(k[:, None]).squeeze(1)
         mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
         attn = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask).squeeze(1)
         if key_valid is not None:
@@ -107,7 +111,9 @@ class SketchNetwork(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(token_embeds.shape[1], device=token_embeds.device)[None]
         x = self.input_proj(token_embeds)  # (B, N, d)
-        x = self.LayerNorm(x + self.position_embeddings(position_ids).to(x.dtype))
+        if self.position_embeddings is not None:  # rotary positions: the sketch layers rotate q and k instead
+            x = x + self.position_embeddings(position_ids).to(x.dtype)
+        x = self.LayerNorm(x)
         qk = []
         for layer in self.layers:
             x, q, k = layer(x, key_valid)

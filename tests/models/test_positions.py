@@ -1,4 +1,5 @@
-"""Encoder positions: BERT's learned table or the fixed sinusoidal one (`position_embedding_type`), every family."""
+"""Encoder positions (`position_embedding_type`): BERT's learned table, the fixed sinusoidal one, or rotary positions
+(RoPE), every family."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from attnzoo.core.positions import SinusoidalPositions, sinusoidal_table
+from attnzoo.core.positions import SinusoidalPositions, apply_rotary, rotary_angles, sinusoidal_table
 from attnzoo.registry import FAMILIES
 from attnzoo.testing import load_config
 
@@ -157,7 +158,11 @@ def test_bf16_model_adds_the_fp32_table_in_bf16(tmp_path):
 
 def test_bad_position_settings_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="position_embedding_type"):
-        _config("dense_transformer", position_embedding_type="rotary")
+        _config("dense_transformer", position_embedding_type="alibi")
+    with pytest.raises(ValueError, match="even head size"):  # width 36 over 4 heads: head size 9
+        _config("dense_transformer", position_embedding_type="rotary", hidden_size=36, num_attention_heads=4)
+    with pytest.raises(ValueError, match="even `sketch_hidden_size`"):
+        _config("smart_bird", position_embedding_type="rotary", sketch_hidden_size=5)
     with pytest.raises(ValueError, match="even `hidden_size`"):
         _config("dense_transformer", position_embedding_type="sinusoidal", hidden_size=27, num_attention_heads=3)
 
@@ -166,3 +171,130 @@ def test_default_stays_learned_so_bert_checkpoints_and_v0_1_models_load():
     model = _classifier("dense_transformer")
     assert model.config.position_embedding_type == "absolute"
     assert "model.encoder.embeddings.position_embeddings.weight" in model.state_dict()
+
+
+# ----- rotary positions -------------------------------------------------------------------------------------------
+
+
+def _rotary_reference(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """RoPE written as complex numbers: coordinate pairs (i, i + d/2) times e^{i p theta_i}, position by position."""
+    d = x.shape[-1]
+    pairs = torch.complex(x[..., : d // 2].double(), x[..., d // 2 :].double())
+    out = torch.empty_like(pairs)
+    for p in range(x.shape[-2]):
+        theta = torch.tensor([p / base ** (2 * i / d) for i in range(d // 2)], dtype=torch.float64)
+        out[..., p, :] = pairs[..., p, :] * torch.polar(torch.ones_like(theta), theta)
+    return torch.cat((out.real, out.imag), dim=-1).to(x.dtype)
+
+
+def test_rotary_matches_the_complex_number_reference_forward_and_backward():
+    x = torch.randn(2, 3, 17, 8, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(apply_rotary(x), _rotary_reference(x.detach()))
+    # A rotation is orthogonal: the gradient is the output gradient turned back.
+    grad = torch.randn(2, 3, 17, 8, dtype=torch.float64)
+    apply_rotary(x).backward(grad)
+    torch.testing.assert_close(x.grad, apply_rotary(grad, inverse=True))
+    torch.autograd.gradcheck(apply_rotary, (x[:1, :1, :5].detach().requires_grad_(),))
+    # fp32 in, fp32 out; the inverse undoes it
+    y = torch.randn(1, 2, 64, 16)
+    assert apply_rotary(y).dtype == torch.float32
+    torch.testing.assert_close(apply_rotary(apply_rotary(y), inverse=True), y)
+
+
+def test_rotary_logit_depends_on_the_offset_only():
+    """Why rotary positions suit long inputs: a query-key product reads the two vectors and their offset."""
+    d, length = 16, 600
+    q, k = torch.randn(d, dtype=torch.float64), torch.randn(d, dtype=torch.float64)
+
+    def logit(query_position: int, key_position: int) -> float:
+        queries = torch.zeros(1, 1, length, d, dtype=torch.float64)
+        keys = torch.zeros_like(queries)
+        queries[0, 0, query_position], keys[0, 0, key_position] = q, k
+        return float(apply_rotary(queries)[0, 0, query_position] @ apply_rotary(keys)[0, 0, key_position])
+
+    for offset in (1, -3, 40):
+        values = [logit(p, p + offset) for p in (5, 77, 300, 520)]
+        assert max(values) - min(values) < 1e-9, values
+    assert abs(logit(5, 6) - logit(5, 7)) > 1e-3  # and the offset itself matters
+    angles = rotary_angles(length, d, torch.device("cpu"))
+    assert angles.shape == (length, d // 2) and angles[1, 0] == 1.0  # the fastest pair turns one radian per token
+
+
+def _without_positions(model: torch.nn.Module) -> torch.nn.Module:
+    """The same weights with `position_embedding_type="absolute"` and a zero table: a model that has no positions."""
+    config = type(model.config).from_dict({**model.config.to_dict(), "position_embedding_type": "absolute"})
+    plain = type(model)(config).eval()
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all("position_embeddings" in name for name in missing), missing
+    for module in plain.modules():
+        if hasattr(module, "position_embeddings") and isinstance(module.position_embeddings, torch.nn.Embedding):
+            torch.nn.init.zeros_(module.position_embeddings.weight)
+    return plain
+
+
+@pytest.mark.parametrize("model_type", FAMILY_NAMES)
+def test_rotary_reaches_every_familys_attention_and_saves_nothing(model_type, tmp_path):
+    # Peaked attention at initialisation (wider weights), so that the rotation's effect is far above round-off.
+    model = _classifier(model_type, position_embedding_type="rotary", initializer_range=0.3)
+    assert model.base_model.encoder.embeddings.position_embeddings is None
+    assert not [name for name in model.state_dict() if "position" in name]
+    ids = torch.randint(5, model.config.vocab_size, (2, 40))
+    mask = torch.ones_like(ids)
+    mask[1, 25:] = 0
+    hidden = model.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    # The only position signal is the rotation: without it (same weights, no positions) every family's output moves.
+    plain = _without_positions(model)
+    other = plain.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert (hidden[0] - other[0]).abs().max() > 1e-2
+
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path).eval()
+    assert reloaded.config.position_embedding_type == "rotary"
+    torch.testing.assert_close(reloaded(input_ids=ids, attention_mask=mask).logits, logits)
+    # the default positions may be passed explicitly; any others would be silently ignored, so they are refused
+    default = torch.arange(40)[None].expand(2, 40)
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=mask, position_ids=default).logits, logits)
+    with pytest.raises(ValueError, match="position_ids.*rotary"):
+        model(input_ids=ids, attention_mask=mask, position_ids=default.flip(-1))
+
+
+def test_rotary_dense_attention_is_the_rotated_reference_for_every_implementation():
+    """The rotation is applied once, before the kernel: SDPA, eager and the plain reference agree, and the first
+    layer's probabilities are softmax(R(q) R(k)^T / sqrt(d)) computed by hand."""
+    model = _classifier("dense_transformer", position_embedding_type="rotary")
+    ids = torch.randint(5, model.config.vocab_size, (1, 24))
+    out = model.base_model(input_ids=ids, output_attentions=True)
+    layer = model.base_model.encoder.layers[0].attention
+    hidden = model.base_model.encoder.embeddings(ids, None, None, None)
+    q, k = apply_rotary(layer._split(layer.q_proj(hidden))), apply_rotary(layer._split(layer.k_proj(hidden)))
+    expected = (q @ k.transpose(-1, -2) * layer.scaling).softmax(-1)
+    torch.testing.assert_close(out.attentions[0], expected)
+    sdpa = model.base_model(input_ids=ids).last_hidden_state
+    model.set_attn_implementation("eager")
+    torch.testing.assert_close(model.base_model(input_ids=ids).last_hidden_state, sdpa, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.last_hidden_state, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_sbm_memberships_read_the_unrotated_queries_and_keys(monkeypatch):
+    model = _classifier("sbm", position_embedding_type="rotary")
+    layer = model.base_model.encoder.layers[0].attention
+    seen = []
+    original = type(layer).memberships
+    monkeypatch.setattr(type(layer), "memberships", lambda self, x, valid: seen.append(x) or original(self, x, valid))
+    ids = torch.randint(5, model.config.vocab_size, (1, 24))
+    hidden = model.base_model.encoder.embeddings(ids, None, None, None)
+    model.base_model(input_ids=ids)
+    torch.testing.assert_close(seen[0], layer._split(layer.q_proj(hidden)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(seen[1], layer._split(layer.k_proj(hidden)), atol=1e-5, rtol=1e-5)
+
+
+def test_smart_bird_sketch_rotates_the_queries_and_keys_it_hands_to_the_sampler():
+    config = _config("smart_bird", position_embedding_type="rotary")
+    model = FAMILIES["smart_bird"].model_class(config).eval()
+    sketch = model.encoder.sketch
+    assert sketch.position_embeddings is None
+    x = torch.randn(2, 30, config.sketch_hidden_size)
+    _, q, k = sketch.layers[0](x, None)
+    torch.testing.assert_close(q, apply_rotary(sketch.layers[0].query(x)[:, None]).squeeze(1))
+    torch.testing.assert_close(k, apply_rotary(sketch.layers[0].key(x)[:, None]).squeeze(1))
