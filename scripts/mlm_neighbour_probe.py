@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--length", type=int, default=128, help="symbols (pairs) or bytes (text) per sequence")
     parser.add_argument("--families", nargs="*", choices=sorted(FAMILIES), default=["dense_transformer", "a2former"])
     parser.add_argument("--hf_bert", action="store_true", help="add transformers' BertForMaskedLM of the same shape")
-    parser.add_argument("--position_embedding_type", default="sinusoidal", choices=["absolute", "sinusoidal"])
+    parser.add_argument(
+        "--position_embedding_type", default="sinusoidal", choices=["absolute", "sinusoidal", "rotary"]
+    )
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
