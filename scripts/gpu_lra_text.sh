@@ -37,16 +37,22 @@ for value in "$pretrain" "$steps"; do
         exit 2
     fi
 done
-# Every ROWS entry is "LENGTH ROW"; a malformed one would otherwise fail inside a job, after the device time is spent.
-if [ -n "${ROWS:-}" ]; then
-    IFS=';' read -ra entries <<< "$ROWS"
-    for entry in "${entries[@]}"; do
-        read -r entry <<< "$entry"
-        if [ -n "$entry" ] && ! [[ "$entry" =~ ^[0-9]+\ [a-z0-9_]+(:[^\ ]+)?$ ]]; then
-            echo "gpu_lra_text: a ROWS entry is 'LENGTH FAMILY[:FIELD=VALUE,...]', got '$entry'" >&2
-            exit 2
-        fi
-    done
+# ROWS entries, trimmed, empty ones dropped. Each is "LENGTH ROW"; a malformed one would otherwise fail inside a job,
+# after the device time is spent.
+rows=()
+IFS=';' read -ra entries <<< "${ROWS:-}"
+for entry in "${entries[@]}"; do
+    read -r entry <<< "$entry"  # trims the spaces around it
+    [ -n "$entry" ] || continue
+    if ! [[ "$entry" =~ ^[0-9]+\ [a-z0-9_]+(:[^\ ]+)?$ ]]; then
+        echo "gpu_lra_text: a ROWS entry is 'LENGTH FAMILY[:FIELD=VALUE,...]', got '$entry'" >&2
+        exit 2
+    fi
+    rows+=("$entry")
+done
+if [ -n "${ROWS:-}" ] && [ ${#rows[@]} -eq 0 ]; then
+    echo "gpu_lra_text: ROWS='$ROWS' names no job" >&2
+    exit 2
 fi
 folder=seed
 [ "$steps" -ne 1500 ] && folder="steps$steps-$folder"
@@ -74,13 +80,10 @@ export out pretrain steps folder
 # The job list, one "SEED LENGTH ROW" per line.
 job_list() {
     local sin=position_embedding_type=sinusoidal seed entry
-    if [ -n "${ROWS:-}" ]; then
-        local entries
-        IFS=';' read -ra entries <<< "$ROWS"
+    if [ ${#rows[@]} -gt 0 ]; then
         for seed in "${seeds[@]}"; do
-            for entry in "${entries[@]}"; do
-                read -r entry <<< "$entry"  # trims the spaces around it
-                if [ -n "$entry" ]; then echo "$seed $entry"; fi
+            for entry in "${rows[@]}"; do
+                echo "$seed $entry"
             done
         done
     elif [ "$pretrain" -gt 0 ]; then

@@ -65,6 +65,7 @@ def test_pretraining_and_steps_name_the_folder_and_rows_replace_the_jobs(tmp_pat
         ({"STEPS": "2k"}, "take a step count, got '2k'"),
         ({"ROWS": "dense_transformer"}, "got 'dense_transformer'"),
         ({"ROWS": "1024 a2former:x=1 extra"}, "got '1024 a2former:x=1 extra'"),
+        ({"ROWS": " ; "}, "names no job"),
     ],
 )
 def test_bad_settings_are_refused_before_any_job(tmp_path, env, message):

@@ -19,7 +19,7 @@ import torch
 from ..data.listops import ListOpsSettings
 from .diagnostics import diagnose, diagnostics_markdown
 from .report import load_results, save_results, write_reports
-from .runner import Budget, ModelSize, RunSpec, train_and_evaluate
+from .runner import Budget, ModelSize, RunSpec, stored_budget, train_and_evaluate
 from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, text_task
 
 logger = logging.getLogger(__name__)
@@ -210,9 +210,7 @@ def run_long_eval(
     }
     previous = results.get("settings")
     if previous:
-        # A budget field added later has the default that reproduces the runs made before it existed.
-        defaults = {item.name: item.default for item in dataclasses.fields(Budget)}
-        previous = {**previous, "budget": {**defaults, **previous["budget"]}}
+        previous = {**previous, "budget": stored_budget(previous)}
     if previous and (previous["size"], previous["budget"]) != (settings["size"], settings["budget"]):
         raise ValueError(f"{path} holds runs with another size or budget ({previous}); use a new output folder.")
     results["settings"] = {**(previous or {}), **settings}

@@ -154,6 +154,13 @@ def training_batches(
         yield from batches
 
 
+def stored_budget(settings: dict[str, Any]) -> dict[str, Any]:
+    """The budget a results file's `settings` were made with, every `Budget` field present: a field added later has
+    the default that reproduces the runs made before it existed."""
+    defaults = {item.name: item.default for item in dataclasses.fields(Budget)}
+    return {**defaults, **settings["budget"]}
+
+
 def run_batches(task: TaskData, budget: Budget) -> Iterator[list[Example]]:
     """A run's endless training batches: the task's stream under the budget's seed, batch size and length grouping
     (the pretraining and the fine-tuning of a run each draw a fresh one, so both see the same order)."""

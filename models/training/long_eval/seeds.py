@@ -9,7 +9,6 @@ both have: the seed fixes initialisation and batch order, so pairing removes the
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .report import TASK_TITLES, load_results
-from .runner import Budget
+from .runner import stored_budget
 
 
 @dataclass(frozen=True)
@@ -86,12 +85,6 @@ class PairedDifference:
         return sum(d > 0 for d in self.differences)
 
 
-def _budget_of(settings: dict[str, Any]) -> dict[str, Any]:
-    # A budget field added later has the default that reproduces the runs made before it existed (as on resume).
-    defaults = {item.name: item.default for item in dataclasses.fields(Budget)}
-    return {**defaults, **settings["budget"]}
-
-
 def load_seed_rows(folders: Sequence[str | Path]) -> list[SeedRow]:
     """Every row of the `long_eval.json` files in `folders`, one accuracy per seed.
 
@@ -108,7 +101,7 @@ def load_seed_rows(folders: Sequence[str | Path]) -> list[SeedRow]:
         loaded.append((path, results))
     # The protocol is what varies between folders, apart from the seed: size and budget fields.
     flat = [
-        {**{f"size.{k}": v for k, v in results["settings"]["size"].items()}, **_budget_of(results["settings"])}
+        {**{f"size.{k}": v for k, v in results["settings"]["size"].items()}, **stored_budget(results["settings"])}
         for _, results in loaded
     ]
     varying = sorted(k for k in set().union(*flat) if k != "seed" and len({repr(f.get(k)) for f in flat}) > 1)
