@@ -44,9 +44,11 @@ def _run(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch
     return out.loss.detach(), out.logits.detach(), grads
 
 
-def _check_compiled_equals_eager(family: Family, head: str, backend: str) -> None:
+def _check_compiled_equals_eager(family: Family, head: str, backend: str, positions: str = "absolute") -> None:
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    config = load_config(family, "tiny", num_hidden_layers=1, decoder_layers=1, **no_dropout)
+    config = load_config(
+        family, "tiny", num_hidden_layers=1, decoder_layers=1, position_embedding_type=positions, **no_dropout
+    )
     torch.manual_seed(0)
     model = family.heads[head](config).train()
     inputs = _inputs(head)
@@ -66,9 +68,12 @@ def _check_compiled_equals_eager(family: Family, head: str, backend: str) -> Non
         torch.testing.assert_close(compiled[2][name], grad, rtol=1e-3, atol=1e-5, msg=name)
 
 
+# Rotary positions turn q and k inside every family's attention (fp32 angles built from the length at run time):
+# the compiled graph must apply the same rotation.
+@pytest.mark.parametrize("positions", ["absolute", "rotary"])
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
-def test_compiled_masked_lm_trains_like_eager(model_type):
-    _check_compiled_equals_eager(FAMILIES[model_type], "masked_lm", "aot_eager")
+def test_compiled_masked_lm_trains_like_eager(model_type, positions):
+    _check_compiled_equals_eager(FAMILIES[model_type], "masked_lm", "aot_eager", positions)
 
 
 @pytest.mark.slow
