@@ -35,9 +35,10 @@ class A2FormerAttention(ZooAttention):
 
     For query `i` and head `h`: `p = i + offset_scale * (x_i W_off + b_off)` (K points), bounded to the span of the
     sample's real tokens (`[first, last]`) and, when causal, to `[first, i + query_offset]`. Keys and values are
-    interpolated at `p` from the projected K/V (interpolation commutes with the affine projections) between the
-    nearest real keys on either side of `p`: masked keys (padding, or holes anywhere in the attention mask) never
-    receive weight, exactly as a dense model's masked keys. A point that lands in a hole reads the linear
+    interpolated at `p` from the projected K/V (interpolation commutes with the affine projections; with rotary
+    positions the rotated keys are interpolated, so a point between two keys reads a blend of their rotations)
+    between the nearest real keys on either side of `p`: masked keys (padding, or holes anywhere in the attention
+    mask) never receive weight, exactly as a dense model's masked keys. A point that lands in a hole reads the linear
     interpolation of the real keys at the hole's two edges (the hole is bridged, as if its tokens were absent); on
     a real key it reads that key, and without holes this is plain interpolation between `floor(p)` and
     `floor(p) + 1`. The K points are weighted by a softmax over `<q, k~> / sqrt(d)` (or over a learned linear map of

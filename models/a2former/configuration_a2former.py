@@ -28,7 +28,8 @@ class A2FormerConfig(SparseZooConfig):
         attention_weights (`str`, *optional*, defaults to `"dot_product"`):
             How the K points are weighted: `"dot_product"` = softmax over the points of `<q, k~> / sqrt(d)` with the
             interpolated keys `k~`; `"linear"` = softmax of a learned linear map of the query token (Deformable
-            DETR), zero-initialised so the points start uniformly weighted.
+            DETR), zero-initialised so the points start uniformly weighted; it takes no `q . k`, so it refuses
+            `position_embedding_type="rotary"`.
         offset_bias_init (`str`, *optional*, defaults to `"spread"`):
             Initial offsets. `"spread"`: the K points of head `h` start at `(h + 1) * {-K/2, ..., -1, 1, ..., K/2}`
             tokens around the query (distinct points; heads with growing reach). `"zeros"`: all points start on the
@@ -73,6 +74,12 @@ class A2FormerConfig(SparseZooConfig):
         if self.attention_weights not in ATTENTION_WEIGHT_MODES:
             raise ValueError(
                 f"`attention_weights` must be one of {ATTENTION_WEIGHT_MODES}, got {self.attention_weights!r}."
+            )
+        if self.attention_weights == "linear" and self.position_embedding_type == "rotary":
+            # The linear weights never take q . k, so rotating q and k would leave the model with no position signal.
+            raise ValueError(
+                "`position_embedding_type='rotary'` acts through q . k, which `attention_weights='linear'` never "
+                "computes: use 'absolute' or 'sinusoidal' positions with the linear weights."
             )
         if self.offset_bias_init not in OFFSET_BIAS_INITS:
             raise ValueError(f"`offset_bias_init` must be one of {OFFSET_BIAS_INITS}, got {self.offset_bias_init!r}.")

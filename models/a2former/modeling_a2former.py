@@ -40,7 +40,7 @@ class A2FormerForSequenceClassification(A2FormerPreTrainedModel, ZooForSequenceC
     With `config.length_projection = L'` the token embeddings (padding zeroed, padded to
     `max_position_embeddings`) are first mixed along the length axis into `L'` positions by a learned linear map,
     as in the paper's classification setting without pre-training; the encoder then runs on `L'` positions
-    (all real), which adds the position embeddings of `0..L'-1`.
+    (all real) with the positions `0..L'-1` (added embeddings, or the rotation of rotary positions).
     """
 
     base_model_class = A2FormerModel

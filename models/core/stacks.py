@@ -41,13 +41,19 @@ def check_token_ids(input_ids: torch.Tensor | None, vocab_size: int) -> None:
         raise ValueError(f"`input_ids` contain ids outside [0, vocab_size={vocab_size}).")
 
 
-def check_position_ids(position_ids: torch.Tensor, max_positions: int, rotary: bool = False) -> None:
-    """Explicit `position_ids` must index the position table: a negative id would silently read its last rows.
+def check_position_ids(position_ids: torch.Tensor, length: int, max_positions: int, rotary: bool = False) -> None:
+    """Explicit `position_ids` must give one position per token and index the position table: a negative id would
+    silently read its last rows.
 
     With rotary positions the attention rotates by each token's index, so only `0 .. N - 1` is meaningful.
     """
+    if position_ids.shape[-1] != length:
+        raise ValueError(
+            f"`position_ids` must give one position per token: shape {tuple(position_ids.shape)} for an input of "
+            f"{length} tokens."
+        )
     if rotary:
-        expected = torch.arange(position_ids.shape[-1], device=position_ids.device).expand_as(position_ids)
+        expected = torch.arange(length, device=position_ids.device).expand_as(position_ids)
         if not torch.equal(position_ids, expected):
             raise ValueError(
                 "`position_ids` other than 0 .. N - 1 are not supported with `position_embedding_type='rotary'`: "
@@ -91,7 +97,7 @@ class Embeddings(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(length, device=inputs_embeds.device)[None]
         else:
-            check_position_ids(position_ids, self.max_positions, rotary=self.position_embeddings is None)
+            check_position_ids(position_ids, length, self.max_positions, rotary=self.position_embeddings is None)
         if token_type_ids is None:
             type_embeds = self.token_type_embeddings.weight[0]
         else:

@@ -73,7 +73,9 @@ class FSATConfig(SparseZooConfig):
             predicts queries around itself; the predictor learns offsets from there, over the same range `(0, L)`.
             `"none"` is the paper's `sigmoid(C W_I + b_I) * L`, whose untrained predictions all sit near `L / 2`: in a
             2048-token input only about a quarter of the queries get a predicted edge, and the first token none (see
-            the model card, "Long inputs").
+            the model card, "Long inputs"). The predictor reads the pooled cross `C_j`, unrotated: with
+            `position_embedding_type="rotary"` nothing is added to the embeddings, so under `"none"` the first
+            layer's predictor has no position to start from, while `"key_position"` still gives each key its own.
         shared_index_predictor (`bool`, *optional*, defaults to `False`):
             Predict one index set per key shared by all heads (`W_I` of shape `D x M`, the paper's printed shape)
             instead of one per head (`D x H*M`).

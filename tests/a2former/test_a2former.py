@@ -67,6 +67,13 @@ def test_bad_config_fields_raise_naming_the_field(field, value):
         _config(**{field: value})
 
 
+def test_linear_weights_refuse_rotary_positions():
+    """The linear weights never take q . k: rotary positions would silently leave the model without positions."""
+    with pytest.raises(ValueError, match="rotary.*attention_weights='linear'"):
+        _config(attention_weights="linear", position_embedding_type="rotary")
+    assert _config(attention_weights="linear", position_embedding_type="sinusoidal").attention_weights == "linear"
+
+
 def test_repository_configs_load_through_auto_config():
     for size in ("tiny", "small", "base"):
         config = AutoConfig.from_pretrained(REPO_ROOT / "configs" / "models" / "a2former" / f"{size}.json")

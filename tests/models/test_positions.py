@@ -145,6 +145,16 @@ def test_position_ids_outside_the_table_are_refused(position_embedding_type):
     assert model(input_ids=ids, position_ids=torch.tensor([[3, 2, 1, 0]])).logits.shape == (1, 2)
 
 
+@pytest.mark.parametrize("position_embedding_type", ["absolute", "sinusoidal", "rotary"])
+def test_position_ids_of_another_length_are_refused(position_embedding_type):
+    """One position per token: with rotary positions a longer `0 .. M - 1` would otherwise pass and be ignored."""
+    model = _classifier("dense_transformer", position_embedding_type=position_embedding_type)
+    ids = torch.randint(5, model.config.vocab_size, (1, 4))
+    for position_ids in (torch.arange(6)[None], torch.tensor([[0]])):
+        with pytest.raises(ValueError, match="one position per token.*4 tokens"):
+            model(input_ids=ids, position_ids=position_ids)
+
+
 def test_bf16_model_adds_the_fp32_table_in_bf16(tmp_path):
     model = _classifier("sparse_transformer", position_embedding_type="sinusoidal")
     ids = torch.randint(5, model.config.vocab_size, (2, 40))
