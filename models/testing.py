@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import csv
 import functools
+import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -19,6 +22,23 @@ from .registry import FAMILIES, Family
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SST2_DIR = REPO_ROOT / "tests" / "fixtures" / "data" / "glue" / "SST-2"
+
+
+@functools.cache
+def load_script(name: str) -> ModuleType:
+    """
+    Import `scripts/<name>.py` as a module (once per process), so tests call its `main(argv)` in-process instead of
+    paying a child process's imports. The module is registered in `sys.modules`: dataclasses defined in a script look
+    their module up there.
+    """
+    path = REPO_ROOT / "scripts" / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"no script named {name!r}: {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"attnzoo_script_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def family_by_name(name: str) -> Family:

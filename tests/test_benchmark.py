@@ -7,7 +7,6 @@ ratios, skipping) and only the deterministic quantities (saved-for-backward byte
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -29,23 +28,16 @@ from attnzoo.benchmarking import (
     summarize,
     timing_sweep,
 )
+from attnzoo.testing import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ModelSize(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """One end-to-end run of the script: dense family and BERT (sdpa), N=64/128, memory subprocesses at N=64."""
     output_dir = tmp_path_factory.mktemp("benchmark")
-    script = load_script()
+    script = load_script("benchmark")
     argv = [
         "--families", "dense", "--hf-baselines", "bert-sdpa", "--lengths", "64", "128", "--rounds", "1",
         "--warmup", "1", "--level", "both", "--memory", "--memory-lengths", "64", "--memory-jobs", "2",
@@ -170,7 +162,7 @@ def test_summarize() -> None:
 @pytest.mark.slow
 def test_repeated_runs_in_subprocesses(tmp_path: Path) -> None:
     """`--runs 2` times in two fresh processes and reports both runs' median ratios."""
-    script = load_script()
+    script = load_script("benchmark")
     argv = [
         "--families", "dense", "--hf-baselines", "bert-sdpa", "--lengths", "64", "--rounds", "3", "--runs", "2",
         "--level", "model", "--vocab-size", "512", "--hidden-size", "64", "--intermediate-size", "128",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from attnzoo.testing import load_script
 from attnzoo.tokenization import (
     SPECIAL_TOKENS,
     iter_texts_from_dataset,
@@ -177,17 +177,9 @@ def test_cli_trains_and_saves_a_loadable_tokenizer(tmp_path):
     assert reloaded.decode(reloaded(SENTENCE)["input_ids"], skip_special_tokens=True) == SENTENCE.lower()
 
 
-def _load_script_module():
-    # In-process import of the script: a second subprocess would re-import torch via `attnzoo` (seconds each).
-    spec = importlib.util.spec_from_file_location("train_tokenizer_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cli_reports_a_missing_file(tmp_path, capsys):
     missing = tmp_path / "no_such_corpus.txt"
-    status = _load_script_module().main(["--files", str(missing), "--output_dir", str(tmp_path / "out")])
+    status = load_script("train_tokenizer").main(["--files", str(missing), "--output_dir", str(tmp_path / "out")])
     assert status == 2
     assert "no_such_corpus.txt" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -195,7 +187,9 @@ def test_cli_reports_a_missing_file(tmp_path, capsys):
 
 def test_cli_rejects_dataset_options_with_files(tmp_path):
     with pytest.raises(SystemExit):
-        _load_script_module().parse_args(["--files", "a.txt", "--split", "dev", "--output_dir", str(tmp_path)])
+        load_script("train_tokenizer").parse_args(
+            ["--files", "a.txt", "--split", "dev", "--output_dir", str(tmp_path)]
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------------

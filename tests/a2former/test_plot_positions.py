@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import torch
 
-from attnzoo.testing import REPO_ROOT
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "plot_a2former_positions", REPO_ROOT / "scripts" / "plot_a2former_positions.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from attnzoo.testing import REPO_ROOT, load_script
 
 
 def test_plot_writes_the_figure_and_positions_stay_in_range(tmp_path):
     output = tmp_path / "positions.png"
-    positions = _script().main(
+    positions = load_script("plot_a2former_positions").main(
         [
             "--config_path", str(REPO_ROOT / "configs" / "models" / "a2former" / "tiny.json"),
             "--length", "40", "--layers", "0", "1", "--perturb", "0.5", "--save_positions",

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from transformers import AutoModelForMaskedLM, GPT2Config, GPT2LMHeadModel
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "convert_checkpoint.py"
+from attnzoo.testing import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("attnzoo_script_convert_checkpoint", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("convert_checkpoint")
 
 
 def test_command_converts_prints_and_saves_the_report(tmp_path, source_checkpoint, script, capsys):

@@ -3,7 +3,6 @@ report follows the model, and `publish.py` takes the card's `base_model` from it
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,19 +11,11 @@ from transformers import AutoTokenizer
 
 from attnzoo import FAMILIES
 from attnzoo.conversion import REPORT_FILE, ConversionReport, read_report
+from attnzoo.testing import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA = REPO_ROOT / "tests" / "fixtures" / "data"
 QUIET = ["--use_cpu", "--disable_tqdm", "true", "--log_level", "warning", "--seed", "0", "--report_to", "none"]
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"attnzoo_script_{name}_conversion", REPO_ROOT / "scripts" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _mlm_args(source: Path, family: str, output: Path) -> list[str]:
@@ -47,7 +38,7 @@ def _mlm_args(source: Path, family: str, output: Path) -> list[str]:
 
 def test_run_mlm_converts_and_continues_pretraining_in_one_run(tmp_path, source_checkpoint):
     folder, _ = source_checkpoint("RobertaForMaskedLM")
-    run_mlm = _script("run_mlm")
+    run_mlm = load_script("run_mlm")
     result = run_mlm.main(_mlm_args(folder, "sbm", tmp_path / "run"))
     assert result["global_step"] == 2 and "eval_loss" in result["metrics"]
     assert result["model"]["init"] == "checkpoint"
@@ -65,7 +56,7 @@ def test_run_mlm_converts_and_continues_pretraining_in_one_run(tmp_path, source_
 
 def test_family_needs_a_length_and_no_config_path(tmp_path, source_checkpoint):
     folder, _ = source_checkpoint("BertForMaskedLM")
-    run_mlm = _script("run_mlm")
+    run_mlm = load_script("run_mlm")
     args = _mlm_args(folder, "sbm", tmp_path / "run")
     without_length = args[:4] + args[6:]
     with pytest.raises(ValueError, match="max_position_embeddings"):
@@ -77,7 +68,7 @@ def test_family_needs_a_length_and_no_config_path(tmp_path, source_checkpoint):
 def test_run_summarization_with_family_trains_the_bert2bert_warm_start(tmp_path, source_checkpoint):
     folder, _ = source_checkpoint("BertForMaskedLM")
     stories = str(DATA / "cnn_dailymail" / "cnn_stories")
-    result = _script("run_summarization").main(
+    result = load_script("run_summarization").main(
         [
             "--model_name_or_path", str(folder),
             "--family", "dense_transformer",
@@ -111,7 +102,7 @@ def test_publish_takes_base_model_from_the_conversion_report(tmp_path, source_ch
 
     folder, _ = source_checkpoint("BertForMaskedLM")
     run = tmp_path / "run"
-    _script("run_mlm").main(_mlm_args(folder, "dense_transformer", run))
+    load_script("run_mlm").main(_mlm_args(folder, "dense_transformer", run))
     # Stand-in for a Hub source: the report records the Hub id a conversion downloaded.
     report = read_report(run)
     (run / REPORT_FILE).write_text(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ import torch
 
 import attnzoo
 from attnzoo.hub import AUTO_CLASSES, PublishError, PublishOptions, assemble, generate_remote_code, upload
-from attnzoo.testing import REPO_ROOT
+from attnzoo.testing import REPO_ROOT, load_script
 
 FAMILIES = [pytest.param(family, id=family.name) for family in attnzoo.FAMILIES.values()]
 LOADER = Path(__file__).with_name("remote_loader.py")
@@ -74,27 +73,34 @@ def _expected_outputs(model: torch.nn.Module, head: str) -> dict:
     return expected
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_published_folders_load_without_attnzoo_through_every_auto_class(family, make_checkpoint, card_dir, tmp_path):
-    """One child process per family: attnzoo blocked, offline, fresh HF_HOME; same outputs as the package."""
-    heads = []
-    for head, (attribute, auto_class, output_name) in HEADS.items():
-        checkpoint = make_checkpoint(family, head, tmp_path / f"checkpoint-{head}")
-        assembled = assemble(_options(checkpoint, tmp_path / f"{family.name}-{head}", card_dir))
-        model = getattr(family, attribute).from_pretrained(checkpoint).eval()
-        torch.save(_expected_outputs(model, head), tmp_path / f"expected-{head}.pt")
-        heads.append(
-            {
-                "folder": str(assembled.folder),
-                "auto_class": auto_class,
-                "class_name": getattr(family, attribute).__name__,
-                "output": output_name,
-                "expected": str(tmp_path / f"expected-{head}.pt"),
-                "generate_kwargs": {"max_new_tokens": 4, "do_sample": False},
-            }
-        )
+def test_published_folders_load_without_attnzoo_through_every_auto_class(make_checkpoint, card_dir, tmp_path):
+    """
+    One child process loads every family's published folders (attnzoo blocked, offline, fresh HF_HOME) and gets the
+    package's outputs. One process for all six (a child pays about 10 s of imports) also shows that the families'
+    remote modules live side by side.
+    """
+    families = []
+    for family in attnzoo.FAMILIES.values():
+        heads = []
+        for head, (attribute, auto_class, output_name) in HEADS.items():
+            checkpoint = make_checkpoint(family, head, tmp_path / family.name / f"checkpoint-{head}")
+            assembled = assemble(_options(checkpoint, tmp_path / family.name / head, card_dir))
+            model = getattr(family, attribute).from_pretrained(checkpoint).eval()
+            expected = tmp_path / family.name / f"expected-{head}.pt"
+            torch.save(_expected_outputs(model, head), expected)
+            heads.append(
+                {
+                    "folder": str(assembled.folder),
+                    "auto_class": auto_class,
+                    "class_name": getattr(family, attribute).__name__,
+                    "output": output_name,
+                    "expected": str(expected),
+                    "generate_kwargs": {"max_new_tokens": 4, "do_sample": False},
+                }
+            )
+        families.append({"name": family.name, "config_class": family.config_class.__name__, "heads": heads})
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"config_class": family.config_class.__name__, "heads": heads}))
+    spec.write_text(json.dumps({"families": families}))
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -114,8 +120,9 @@ def test_published_folders_load_without_attnzoo_through_every_auto_class(family,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    for head in heads:
-        assert f"ok {head['auto_class']} transformers_modules." in result.stdout, output
+    for family in families:
+        for head in family["heads"]:
+            assert f"ok {family['name']} {head['auto_class']} transformers_modules." in result.stdout, output
     assert "Do you wish to run the custom code" not in output
     # Nothing leaked into the user's caches: the modules went to the temporary HF_MODULES_CACHE.
     assert any((tmp_path / "hf_modules").rglob("modeling_*.py"))
@@ -180,13 +187,7 @@ def test_sharded_weights_are_published_with_their_index(make_checkpoint, tmp_pat
 
 @pytest.fixture(scope="module")
 def publish_main():
-    spec = importlib.util.spec_from_file_location("attnzoo_publish_script", REPO_ROOT / "scripts" / "publish.py")
-    module = importlib.util.module_from_spec(spec)
-    # The script defines dataclasses, which look their module up in sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module.main
-    del sys.modules[spec.name]
+    return load_script("publish").main
 
 
 @pytest.fixture

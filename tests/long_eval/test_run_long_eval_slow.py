@@ -3,28 +3,16 @@ budget)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from attnzoo.registry import FAMILIES
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "run_long_eval.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("run_long_eval", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = script
-    spec.loader.exec_module(script)
-    return script
+from attnzoo.testing import load_script
 
 
 def test_families_flag_picks_the_rows():
-    script = load_script()
+    script = load_script("run_long_eval")
     variant = ["--variant", "fsat:feature_map=dsconv"]
     labels = [row.spec(64).key for row in script.table_rows(script.parse_args(["--output_dir", "x", *variant]))]
     assert labels == [f"{name}@64" for name in sorted(FAMILIES)] + ["fsat [feature_map=dsconv]@64"]
@@ -36,7 +24,7 @@ def test_families_flag_picks_the_rows():
 
 @pytest.mark.slow
 def test_run_long_eval_runs_imdb_and_listops_for_every_family(tmp_path):
-    script = load_script()
+    script = load_script("run_long_eval")
     argv = [
         "--output_dir", str(tmp_path), "--tasks", "imdb", "listops", "--imdb_lengths", "256",
         "--imdb_dense_lengths", "128", "--listops_lengths", "2048", "--steps", "2", "--batch_size", "2",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from attnzoo import testing
 from attnzoo.tokenization import iter_texts_from_files, train_wordpiece_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,20 +31,8 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def load_script() -> Callable[[str], ModuleType]:
-    """Import `scripts/<name>.py` as a module (once per session), so tests call its `main(argv)` in-process."""
-    cache: dict[str, ModuleType] = {}
-
-    def load(name: str) -> ModuleType:
-        if name not in cache:
-            spec = importlib.util.spec_from_file_location(
-                f"attnzoo_script_{name}", REPO_ROOT / "scripts" / f"{name}.py"
-            )
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            cache[name] = module
-        return cache[name]
-
-    return load
+    """`load_script(name)` imports `scripts/<name>.py` as a module, so tests call its `main(argv)` in-process."""
+    return testing.load_script
 
 
 @pytest.fixture

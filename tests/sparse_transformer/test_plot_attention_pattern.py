@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,25 +9,16 @@ import torch
 
 import attnzoo.sparse_transformer  # noqa: F401  (registers the family)
 from attnzoo.sparse_transformer import SparseTransformerAttention, SparseTransformerConfig
+from attnzoo.testing import load_script
 
 pytest.importorskip("matplotlib")
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location(
-        "plot_attention_pattern", ROOT / "scripts" / "plot_attention_pattern.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("family", ["sparse_transformer", "dense"])
 def test_script_writes_an_image_and_the_masks_of_any_family(family, tmp_path):
-    script = load_script()
+    script = load_script("plot_attention_pattern")
     output = tmp_path / "pattern.png"
     overrides = '{"sparse_pattern": "fixed", "sparse_head_assignment": "merged", "sparse_summary_size": 3}'
     argv = [
