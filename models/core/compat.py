@@ -14,16 +14,27 @@ the installed release uses.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from typing import Any
 
 import torch
+import transformers
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 LEGACY_CACHE_NAME = "past_key_values"
 #: Name of the decoder cache in model inputs and outputs for the installed transformers release.
 CACHE_NAME = "cache" if "cache" in {f.name for f in dataclasses.fields(Seq2SeqLMOutput)} else LEGACY_CACHE_NAME
+
+#: Folders whose frames a deprecation warning skips, so that it names the user's line: attnzoo itself, and torch's and
+#: transformers' call wrappers between the user and a forward (`Module.__call__`, output decorators).
+#: (Two levels up from this file: the package, or the folder above a published model's flat remote code.)
+_LIBRARY_FOLDERS = tuple(
+    os.path.dirname(os.path.dirname(os.path.abspath(path))) + os.sep
+    for path in (__file__, torch.nn.modules.__file__, transformers.utils.__file__)
+)
 
 #: Whether the installed release names checkpointing "activation checkpointing" (and deprecates the old names).
 HAS_ACTIVATION_CHECKPOINTING = hasattr(PreTrainedModel, "activation_checkpointing_enable")
@@ -45,9 +56,17 @@ def resolve_cache(cache: Any, past_key_values: Any) -> Any:
             "`past_key_values` is deprecated since transformers 5.24 and will be removed in transformers 6; pass the "
             "decoder cache as `cache`.",
             FutureWarning,
-            stacklevel=3,
+            stacklevel=_caller_stacklevel(),
         )
     return past_key_values
+
+
+def _caller_stacklevel() -> int:
+    """`stacklevel` that makes a `warnings.warn` in the calling function name the first frame outside the libraries."""
+    frame, level = sys._getframe(2), 2  # level 1 is the function that warns
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARY_FOLDERS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def cache_field(cache: Any) -> dict[str, Any]:

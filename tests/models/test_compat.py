@@ -51,8 +51,10 @@ def test_forward_accepts_both_cache_names_and_returns_the_installed_one(name):
     torch.testing.assert_close(last.logits[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
     assert isinstance(compat.get_cache(last), EncoderDecoderCache)
     # The old name is announced as deprecated exactly where transformers itself deprecates it.
-    warned = any("`past_key_values` is deprecated" in str(w.message) for w in caught if w.category is FutureWarning)
-    assert warned == (name == "past_key_values" and compat.CACHE_NAME == "cache")
+    warned = [w for w in caught if w.category is FutureWarning and "`past_key_values` is deprecated" in str(w.message)]
+    assert bool(warned) == (name == "past_key_values" and compat.CACHE_NAME == "cache")
+    # ... and names the caller's line, not torch's Module.__call__ or attnzoo's forward.
+    assert all(w.filename == __file__ for w in warned), [(w.filename, w.lineno) for w in warned]
 
 
 def test_forward_refuses_the_cache_under_both_names():
