@@ -21,7 +21,7 @@ Examples:
         --text_lengths 4096 --text_dense_lengths --text_pooling mean --group_by_length --steps 1500 --batch_size 16 \
         --learning_rate 1e-3 --warmup_steps 150 --pretrain_steps 900 --device cuda --output_dir outputs/lra-text-spt
     # LRA ListOps at its published budget and size, on a GPU (README "GPU")
-    python scripts/run_long_eval.py --tasks listops --listops_lengths 2000 --device cuda --bf16 \
+    python scripts/run_long_eval.py --tasks listops --listops_lengths 2048 --device cuda --bf16 \
         --hidden_size 512 --num_hidden_layers 6 --num_attention_heads 8 --intermediate_size 2048 \
         --steps 5000 --batch_size 32 --learning_rate 1.58e-3 --warmup_steps 1000 --schedule rsqrt \
         --weight_decay 0.1 --output_dir outputs/lra-listops

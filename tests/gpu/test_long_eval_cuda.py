@@ -16,13 +16,13 @@ SIZE = ModelSize(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, int
 
 @pytest.fixture(scope="module")
 def listops():
-    return listops_task(2000, validation_size=16)
+    return listops_task(2048, validation_size=16)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_listops_trains_in_bf16_on_cuda(listops, family):
     budget = Budget(steps=4, batch_size=4, warmup_steps=2, eval_batch_size=8, schedule="rsqrt", bf16=True)
-    record = train_and_evaluate(listops, RunSpec(family, 2000), SIZE, budget, device="cuda")
+    record = train_and_evaluate(listops, RunSpec(family, 2048), SIZE, budget, device="cuda")
     assert record["device"].startswith("cuda:")
     assert all(torch.isfinite(torch.tensor(point["loss"])) for point in record["curve"])
     assert 0.0 <= record["accuracy"] <= 1.0 and record["validation_loss"] > 0

@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import itertools
 import json
+import multiprocessing
 import random
 
 import pytest
@@ -33,7 +34,7 @@ from attnzoo.training.long_eval import (
     text_task,
     train_and_evaluate,
 )
-from attnzoo.training.long_eval.report import markdown_report
+from attnzoo.training.long_eval.report import load_results, markdown_report, results_lock, save_results
 from attnzoo.training.long_eval.runner import GROUP_BATCHES, build_classifier, model_config, training_batches
 from attnzoo.training.long_eval.tasks import (
     CLS_ID,
@@ -211,8 +212,9 @@ def test_evaluation_writes_reports_and_resumes(tmp_path, reviews_file, monkeypat
         on_result=calls.append,
     )
     assert len(calls) == 2 and again["runs"] == results["runs"]
-    with pytest.raises(ValueError, match="another size or budget"):
-        run_long_eval(tmp_path, plans, [Row("sparse_transformer")], size=TINY, budget=Budget(steps=3))
+    with pytest.raises(ValueError, match="another budget"):
+        other = dataclasses.replace(budget, steps=3)
+        run_long_eval(tmp_path, plans, [Row("sparse_transformer")], size=TINY, budget=other)
 
 
 def test_two_processes_sharing_a_folder_keep_each_others_runs(tmp_path, reviews_file, monkeypatch):
@@ -242,6 +244,95 @@ def test_two_processes_sharing_a_folder_keep_each_others_runs(tmp_path, reviews_
     assert saved["runs"] == results["runs"] and "256" in saved["task_info"]["text"]
 
 
+def _save_runs(path, writer: int, count: int) -> None:
+    for k in range(count):
+        with results_lock(path):
+            on_disk = load_results(path)
+            run = {"task": "text", "label": f"writer{writer}-{k}", "length": 64}
+            save_results(path, {**on_disk, "runs": [*on_disk["runs"], run]})
+
+
+def test_writers_sharing_a_folder_neither_lose_nor_corrupt_runs(tmp_path):
+    # Before the lock and the per-writer temporary file, two writers lost runs and left unreadable JSON behind.
+    path = tmp_path / "long_eval.json"
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=_save_runs, args=(path, writer, 60)) for writer in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=120)
+        assert writer.exitcode == 0
+    labels = {run["label"] for run in json.loads(path.read_text())["runs"]}
+    assert labels == {f"writer{w}-{k}" for w in range(2) for k in range(60)}
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_run_is_refused_when_another_process_changed_the_folder_s_protocol_meanwhile(
+    tmp_path, reviews_file, monkeypatch
+):
+    budget = Budget(steps=2, batch_size=4, warmup_steps=1, eval_batch_size=8)
+    kwargs = {"size": TINY, "budget": budget, "reviews_file": reviews_file, "validation_size": 8}
+    real_train = long_eval_evaluate.train_and_evaluate
+
+    def train_while_another_process_pools_the_mean(task, spec, size, budget, device):
+        record = real_train(task, spec, size, budget, device=device)
+        if spec.model_type == "dense_transformer":  # ours; the other process's run trains plainly
+            run_long_eval(tmp_path, [TaskPlan("text", (64,))], [Row("fsat")], text_pooling="mean", **kwargs)
+        return record
+
+    monkeypatch.setattr(long_eval_evaluate, "train_and_evaluate", train_while_another_process_pools_the_mean)
+    with pytest.raises(ValueError, match="task overrides"):
+        run_long_eval(tmp_path, [TaskPlan("text", (64,))], [Row("dense_transformer")], text_pooling="cls", **kwargs)
+    # Only the other process's run is in the folder, with its protocol.
+    saved = json.loads((tmp_path / "long_eval.json").read_text())
+    assert [run["label"] for run in saved["runs"]] == ["fsat"]
+
+
+def test_validation_size_and_reviews_file_are_settings_of_the_folder(tmp_path, reviews_file):
+    budget = Budget(steps=1, batch_size=4, warmup_steps=0, eval_batch_size=8)
+    plans, rows = [TaskPlan("text", (64,))], [Row("dense_transformer")]
+    run_long_eval(tmp_path, plans, rows, size=TINY, budget=budget, reviews_file=reviews_file, validation_size=8)
+    with pytest.raises(ValueError, match="another validation_size"):
+        run_long_eval(tmp_path, plans, rows, size=TINY, budget=budget, reviews_file=reviews_file, validation_size=10)
+    other = tmp_path / "other.tsv"
+    other.write_text(reviews_file.read_text(encoding="utf-8") + "one more review\t1\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="another reviews"):
+        run_long_eval(tmp_path, plans, rows, size=TINY, budget=budget, reviews_file=other, validation_size=8)
+
+
+def test_imdb_tokenizer_is_trained_once_per_folder_and_read_by_every_later_run(tmp_path, reviews_file, monkeypatch):
+    tasks_module = importlib.import_module("attnzoo.training.long_eval.tasks")
+    trainings = []
+    real_trainer = tasks_module.train_wordpiece_tokenizer
+
+    def counting_trainer(*args, **kwargs):
+        trainings.append(1)
+        return real_trainer(*args, **kwargs)
+
+    monkeypatch.setattr(tasks_module, "train_wordpiece_tokenizer", counting_trainer)
+    folder = tmp_path / "tokenizer"
+    short = imdb_task(reviews_file, 64, validation_size=10, vocab_size=300, tokenizer_dir=folder)
+    resumed = imdb_task(reviews_file, 64, validation_size=10, vocab_size=300, tokenizer_dir=folder)
+    longer = imdb_task(reviews_file, 256, validation_size=10, vocab_size=300, tokenizer_dir=folder)
+    # WordPiece training breaks ties differently from run to run: a second training could give other ids.
+    assert len(trainings) == 1
+    assert resumed.validation == short.validation
+    assert [ids[1:20] for ids, _ in longer.validation] == [ids[1:20] for ids, _ in short.validation]
+    with pytest.raises(ValueError, match="tokenizer of another split"):
+        imdb_task(reviews_file, 64, validation_size=12, vocab_size=300, tokenizer_dir=folder)
+
+
+def test_listops_trees_must_fit_the_length_whole(tmp_path):
+    # A cut tree would keep the value of the whole tree as its label.
+    with pytest.raises(ValueError, match="do not fit length 600"):
+        listops_task(600, validation_size=4)
+    budget = Budget(steps=1, batch_size=4, warmup_steps=0, eval_batch_size=8)
+    with pytest.raises(ValueError, match="at least 2002"):
+        run_long_eval(tmp_path, [TaskPlan("listops", (2048, 1024))], [Row("dense_transformer")], size=TINY,
+                      budget=budget, validation_size=8)  # fmt: skip
+    assert not (tmp_path / "long_eval.json").exists()  # refused before any run
+
+
 def test_schedules_follow_their_formulas():
     model = torch.nn.Linear(2, 2)
     peak, warmup = 1e-3, 10
@@ -265,7 +356,7 @@ def test_schedules_follow_their_formulas():
 
 
 def test_bf16_autocast_is_applied_and_close_to_float32():
-    task = listops_task(600, validation_size=4)
+    task = listops_task(600, validation_size=4, settings=ListOpsSettings(min_length=300, max_length=598))
     budget = Budget(steps=2, batch_size=2, warmup_steps=1, eval_batch_size=4)
     for family in ("dense_transformer", "sparse_transformer"):
         full = train_and_evaluate(task, RunSpec(family, 600), TINY, budget, device="cpu")
@@ -294,7 +385,7 @@ def test_a_folder_from_before_a_budget_field_existed_still_resumes(tmp_path, rev
     )  # fmt: skip
     assert calls == [] and again["runs"] == first["runs"]
     other = dataclasses.replace(budget, schedule="rsqrt")
-    with pytest.raises(ValueError, match="another size or budget"):
+    with pytest.raises(ValueError, match="another budget"):
         run_long_eval(
             tmp_path, plans, [Row("dense_transformer")], size=TINY, budget=other, reviews_file=reviews_file,
             validation_size=10,

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,15 +25,38 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SIZE = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512}
 
 
-def write_folder(path: Path, seed: int, accuracies: dict[tuple[str, int], float], **budget) -> Path:
-    """A results folder as `run_long_eval.py` leaves it: one seed, Text runs with the given accuracies."""
+def write_folder(
+    path: Path,
+    seed: int,
+    accuracies: dict[tuple[str, int], float],
+    *,
+    settings: dict[str, Any] | None = None,
+    task_info: dict[str, dict[str, dict[str, Any]]] | None = None,
+    task: str = "text",
+    **budget,
+) -> Path:
+    """A results folder as `run_long_eval.py` leaves it: one seed, runs of `task` with the given accuracies, further
+    `settings` (e.g. `validation_size`) and `task_info` when given (older files have neither)."""
     runs = [
-        {"task": "text", "label": label, "length": length, "accuracy": accuracy, "device": "cpu"}
+        {"task": task, "label": label, "length": length, "accuracy": accuracy, "device": "cpu"}
         for (label, length), accuracy in accuracies.items()
     ]
-    settings = {"size": SIZE, "budget": {"steps": 1500, "seed": seed, **budget}}
-    save_results(path / "long_eval.json", {"settings": settings, "runs": runs})
+    results: dict[str, Any] = {
+        "settings": {"size": SIZE, "budget": {"steps": 1500, "seed": seed, **budget}, **(settings or {})},
+        "runs": runs,
+    }
+    if task_info is not None:
+        results["task_info"] = task_info
+    save_results(path / "long_eval.json", results)
     return path
+
+
+def text_info(pooling: str | None, lengths: tuple[int, ...] = (1024,), truncated: int = 0) -> dict[str, Any]:
+    """Text's `task_info` as `run_long_eval` writes it (`pooling=None`: a file from before the task had overrides);
+    `truncated` stands for the counts that describe the data without choosing it."""
+    overrides = {} if pooling is None else {"model_overrides": {"classifier_pooling": pooling}}
+    info = {"train_truncated": truncated, "split_seed": 0, "tokenizer": "bytes", **overrides}
+    return {"text": {str(length): dict(info) for length in lengths}}
 
 
 def test_rows_pair_by_seed_and_are_split_by_what_differs_between_folders(tmp_path):
@@ -60,6 +84,102 @@ def test_rows_pair_by_seed_and_are_split_by_what_differs_between_folders(tmp_pat
 
     # with only seed-varying folders there is no protocol in the names
     assert [row.name for row in load_seed_rows(folders[:2])] == ["a2@4096", "dense@1024"]
+
+
+def test_rows_are_split_by_task_settings_that_differ_between_folders(tmp_path):
+    accuracies = {("dense", 1024): 0.60, ("a2", 4096): 0.62}
+    lengths = (1024, 4096)
+
+    def names(*folders: Path) -> list[str]:
+        return [row.name for row in load_seed_rows(folders)]
+
+    # The same task settings, whatever the counts that describe the data and the threads: one row per model.
+    same = [
+        write_folder(
+            tmp_path / f"same{seed}",
+            seed,
+            accuracies,
+            settings={"validation_size": 500, "reviews": "sha256:aa", "torch_threads": seed + 1},
+            task_info=text_info("mean", lengths, truncated=seed),
+        )
+        for seed in range(2)
+    ]
+    assert names(*same) == ["a2@4096", "dense@1024"]
+    assert load_seed_rows(same)[1].accuracies == {0: 0.60, 1: 0.60}
+
+    # Another Text pooling (the task's config override): the seeds are two protocols, not two draws of one.
+    cls = write_folder(
+        tmp_path / "cls",
+        1,
+        accuracies,
+        settings={"validation_size": 500, "reviews": "sha256:aa"},
+        task_info=text_info("cls", lengths),
+    )
+    assert names(same[0], cls) == [
+        "a2@4096 (task.classifier_pooling=cls)",
+        "dense@1024 (task.classifier_pooling=cls)",
+        "a2@4096 (task.classifier_pooling=mean)",
+        "dense@1024 (task.classifier_pooling=mean)",
+    ]
+    # A file from before the task had overrides ran with the family's own pooling: another protocol too.
+    before = write_folder(tmp_path / "before", 1, accuracies, task_info=text_info(None, lengths))
+    assert "dense@1024 (task.classifier_pooling=default)" in names(same[0], before)
+
+    # Another validation set size, or another reviews file: two rows.
+    small = write_folder(
+        tmp_path / "small",
+        1,
+        accuracies,
+        settings={"validation_size": 100, "reviews": "sha256:aa"},
+        task_info=text_info("mean", lengths),
+    )
+    assert names(same[0], small) == [
+        "a2@4096 (validation_size=100)",
+        "dense@1024 (validation_size=100)",
+        "a2@4096 (validation_size=500)",
+        "dense@1024 (validation_size=500)",
+    ]
+    other_reviews = write_folder(
+        tmp_path / "other_reviews",
+        1,
+        accuracies,
+        settings={"validation_size": 500, "reviews": "sha256:bb"},
+        task_info=text_info("mean", lengths),
+    )
+    assert names(same[0], other_reviews)[:2] == ["a2@4096 (reviews=sha256:aa)", "dense@1024 (reviews=sha256:aa)"]
+
+    # A file that does not record the reviews (written before they were) is not set apart by that alone.
+    unrecorded = write_folder(
+        tmp_path / "unrecorded", 1, accuracies, settings={"validation_size": 500}, task_info=text_info("mean", lengths)
+    )
+    assert names(same[0], unrecorded) == ["a2@4096", "dense@1024"]
+
+
+def test_listops_rows_are_split_by_tree_generator_and_not_by_other_tasks_settings(tmp_path):
+    def listops_info(max_length: int) -> dict[str, Any]:
+        generator = {"min_length": 10, "max_length": max_length, "max_depth": 10}
+        info = {"validation_seed": 1_000_003, "generator": generator, "model_overrides": {"classifier_pooling": "cls"}}
+        return {"listops": {"512": info}}
+
+    short, long = (
+        write_folder(tmp_path / f"s{seed}", seed, {("dense", 512): 0.3}, task="listops", task_info=listops_info(n))
+        for seed, n in ((0, 100), (1, 500))
+    )
+    assert [row.name for row in load_seed_rows([short, long])] == [
+        "dense@512 (generator.max_length=100)",
+        "dense@512 (generator.max_length=500)",
+    ]
+    # A Text pooling that differs between two other folders does not rename the ListOps rows.
+    texts = [
+        write_folder(tmp_path / f"t{seed}", seed, {("dense", 1024): 0.6}, task_info=text_info(pooling))
+        for seed, pooling in ((0, "cls"), (1, "mean"))
+    ]
+    rows = load_seed_rows([short, *texts])
+    assert [(row.task, row.name) for row in rows] == [
+        ("listops", "dense@512"),
+        ("text", "dense@1024 (task.classifier_pooling=cls)"),
+        ("text", "dense@1024 (task.classifier_pooling=mean)"),
+    ]
 
 
 def test_markdown_and_records_carry_the_paired_difference(tmp_path):

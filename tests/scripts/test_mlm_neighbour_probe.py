@@ -31,7 +31,8 @@ def test_pair_task_pairs_each_symbol_with_a_fixed_function_of_it(load_script):
 def test_probe_trains_every_row_on_the_same_batches_and_writes_the_curves(load_script, tmp_path):
     probe = load_script("mlm_neighbour_probe")
     output = tmp_path / "probe.json"
-    argv = ["--length", "16", "--steps", "3", "--families", "dense_transformer", "a2former", "--hf_bert"]
+    argv = ["--length", "16", "--steps", "3", "--warmup_steps", "3"]
+    argv += ["--families", "dense_transformer", "a2former", "--hf_bert"]
     results = probe.main([*argv, "--threads", "1", "--output", str(output)])
     assert json.loads(output.read_text()) == results
     assert list(results["rows"]) == ["dense_transformer", "a2former", "hf:bert"]

@@ -18,13 +18,25 @@ import torch
 
 from ..data.listops import ListOpsSettings
 from .diagnostics import diagnose, diagnostics_markdown
-from .report import load_results, save_results, write_reports
+from .report import load_results, results_lock, save_results, write_reports
 from .runner import Budget, ModelSize, RunSpec, stored_budget, train_and_evaluate
-from .tasks import TASK_NAMES, TaskData, imdb_task, listops_task, text_task
+from .tasks import (
+    TASK_NAMES,
+    TaskData,
+    check_listops_fits,
+    imdb_task,
+    listops_task,
+    reviews_digest,
+    text_task,
+)
 
 logger = logging.getLogger(__name__)
 
 DENSE = "dense_transformer"
+#: Subfolder of a results folder that keeps the IMDB tokenizer every run of the folder uses.
+TOKENIZER_FOLDER = "imdb-tokenizer"
+#: Settings two runs of one results folder must share (when the file records them; older files lack some).
+SHARED_SETTINGS = ("size", "budget", "validation_size", "reviews")
 
 
 @dataclass(frozen=True)
@@ -75,15 +87,17 @@ def build_task(
     validation_size: int,
     listops_settings: ListOpsSettings | None = None,
     text_pooling: str = "cls",
+    tokenizer_dir: str | Path | None = None,
 ) -> TaskData:
     """The task encoded at `length` (IMDB and Text read `reviews_file`; ListOps trees follow `listops_settings`,
-    LRA's by default; Text's classifiers pool `text_pooling`, LRA's first token by default)."""
+    LRA's by default; Text's classifiers pool `text_pooling`, LRA's first token by default; IMDB's tokenizer is kept
+    in `tokenizer_dir` when given)."""
     if name == "listops":
         return listops_task(length, validation_size=validation_size, settings=listops_settings)
     if reviews_file is None:
         raise ValueError(f"Task {name!r} needs `reviews_file` (a text<TAB>label TSV of IMDB reviews).")
     if name == "imdb":
-        return imdb_task(reviews_file, length, validation_size=validation_size)
+        return imdb_task(reviews_file, length, validation_size=validation_size, tokenizer_dir=tokenizer_dir)
     return text_task(reviews_file, length, validation_size=validation_size, pooling=text_pooling)
 
 
@@ -117,16 +131,21 @@ def planned_tasks(
     skip: Container[tuple[str, str]] = (),
     listops_settings: ListOpsSettings | None = None,
     text_pooling: str = "cls",
+    tokenizer_dir: str | Path | None = None,
 ) -> Iterator[tuple[TaskData, RunSpec]]:
     """`(task data, spec)` for every planned run whose `(task, spec.key)` is not in `skip`; each task is encoded once,
     when a run first needs it."""
+    runs = planned_runs(plans, rows)
+    for task_name, spec in runs:  # every length checked before the first task is built
+        if task_name == "listops":
+            check_listops_fits(spec.length, listops_settings or ListOpsSettings())
     tasks: dict[tuple[str, int], TaskData] = {}
-    for task_name, spec in planned_runs(plans, rows):
+    for task_name, spec in runs:
         if (task_name, spec.key) in skip:
             continue
         if (task_name, spec.length) not in tasks:
             tasks[(task_name, spec.length)] = build_task(
-                task_name, spec.length, reviews_file, validation_size, listops_settings, text_pooling
+                task_name, spec.length, reviews_file, validation_size, listops_settings, text_pooling, tokenizer_dir
             )
         yield tasks[(task_name, spec.length)], spec
 
@@ -148,25 +167,70 @@ def run_diagnostics(
     `diagnostics.md` into `output_dir`. Returns the records."""
     size = size or ModelSize()
     records: list[dict[str, Any]] = []
-    for task, spec in planned_tasks(
-        plans, rows, reviews_file, validation_size, listops_settings=listops_settings, text_pooling=text_pooling
-    ):
-        records += diagnose(task, [spec], size, examples, seed)
     output_dir = Path(output_dir)
+    tasks = planned_tasks(
+        plans,
+        rows,
+        reviews_file,
+        validation_size,
+        listops_settings=listops_settings,
+        text_pooling=text_pooling,
+        tokenizer_dir=output_dir / TOKENIZER_FOLDER,
+    )
+    for task, spec in tasks:
+        records += diagnose(task, [spec], size, examples, seed)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "diagnostics.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
     (output_dir / "diagnostics.md").write_text(diagnostics_markdown(records), encoding="utf-8")
     return records
 
 
-def _merged(on_disk: dict[str, Any], ours: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
-    """`on_disk` with our settings, task descriptions and the new run (replacing an older run of the same key)."""
+def _check_folder(
+    path: Path, on_disk: dict[str, Any], settings: dict[str, Any], generator: dict[str, Any], task: TaskData | None
+) -> None:
+    """Refuse to add runs to a results file made under other settings, ListOps trees or task protocol.
+
+    Raises:
+        ValueError: naming the setting that differs (start a new folder).
+    """
+    previous = on_disk.get("settings")
+    if previous:
+        previous = {**previous, "budget": stored_budget(previous)}
+        for key in SHARED_SETTINGS:
+            if key in previous and previous[key] != settings[key]:
+                raise ValueError(
+                    f"{path} holds runs made with another {key} ({previous[key]}, not {settings[key]}); use a new "
+                    "output folder."
+                )
+    task_info = on_disk.get("task_info", {})
+    for length, info in task_info.get("listops", {}).items():
+        if info.get("generator", generator) != generator:
+            raise ValueError(
+                f"{path} holds ListOps runs at length {length} with trees {info['generator']}, not {generator}; "
+                "use a new output folder."
+            )
+    if task is None:
+        return
+    for length, info in task_info.get(task.name, {}).items():
+        # Runs made before a task had a protocol (or under another one) would share a table with these.
+        protocol = info.get("model_overrides", {})
+        if protocol != task.model_overrides:
+            raise ValueError(
+                f"{path} holds {task.name} runs at length {length} with task overrides {protocol}, not "
+                f"{task.model_overrides}; use a new output folder."
+            )
+
+
+def _merged(
+    on_disk: dict[str, Any], settings: dict[str, Any], task: TaskData, record: dict[str, Any]
+) -> dict[str, Any]:
+    """`on_disk` with our settings, the task's description and the new run (replacing an older run of the same key)."""
     key = (record["task"], record["label"], record["length"])
     runs = [r for r in on_disk.get("runs", []) if (r["task"], r["label"], r["length"]) != key]
     task_info = on_disk.get("task_info", {})
-    for task_name, per_length in ours["task_info"].items():
-        task_info.setdefault(task_name, {}).update(per_length)
-    return {**on_disk, "settings": ours["settings"], "task_info": task_info, "runs": [*runs, record]}
+    task_info.setdefault(task.name, {})[str(task.length)] = task.info
+    merged_settings = {**on_disk.get("settings", {}), **settings}
+    return {**on_disk, "settings": merged_settings, "task_info": task_info, "runs": [*runs, record]}
 
 
 def run_long_eval(
@@ -189,39 +253,32 @@ def run_long_eval(
     `device` is where every run trains (`"auto"`: CUDA when available); each run records it. `listops_settings`
     shapes the ListOps trees (LRA's by default); a folder holds ListOps runs of one tree shape only. `text_pooling`
     is the Text task's `classifier_pooling` (LRA's `"cls"` by default); a folder holds Text runs of one pooling only.
+    Several processes may share `output_dir`: each merges its runs into the file under a lock, and the IMDB tokenizer
+    is trained once per folder (`imdb-tokenizer/`).
 
     Returns:
-        The results dictionary (`settings`, `task_info`, `runs`).
+        The results dictionary (`settings`, `task_info`, `runs`) as the file holds it at the end, with the runs of
+        every process that shares the folder.
 
     Raises:
-        ValueError: The results file in `output_dir` was made with a different size, budget, ListOps tree shape or
-            task protocol (`TaskData.model_overrides`; start a new folder).
+        ValueError: The results file in `output_dir` was made with a different size, budget, validation size,
+            reviews file, ListOps tree shape or task protocol (`TaskData.model_overrides`; start a new folder).
     """
     size, budget = size or ModelSize(), budget or Budget()
     output_dir = Path(output_dir)
     path = output_dir / "long_eval.json"
-    results = load_results(path)
     settings = {
         "size": dataclasses.asdict(size),
         "budget": dataclasses.asdict(budget),
         "validation_size": validation_size,
+        "reviews": None if reviews_file is None else reviews_digest(reviews_file),
         "torch_threads": torch.get_num_threads(),
         **(settings_note or {}),
     }
-    previous = results.get("settings")
-    if previous:
-        previous = {**previous, "budget": stored_budget(previous)}
-    if previous and (previous["size"], previous["budget"]) != (settings["size"], settings["budget"]):
-        raise ValueError(f"{path} holds runs with another size or budget ({previous}); use a new output folder.")
-    results["settings"] = {**(previous or {}), **settings}
     generator = dataclasses.asdict(listops_settings or ListOpsSettings())
-    for length, info in results.get("task_info", {}).get("listops", {}).items():
-        if info.get("generator", generator) != generator:
-            raise ValueError(
-                f"{path} holds ListOps runs at length {length} with trees {info['generator']}, not {generator}; "
-                "use a new output folder."
-            )
-    results.setdefault("task_info", {})
+    with results_lock(path):
+        results = load_results(path)
+        _check_folder(path, results, settings, generator, task=None)
     done = {(r["task"], f"{r['label']}@{r['length']}") for r in results["runs"]}
     for task, spec in planned_tasks(
         plans,
@@ -231,23 +288,24 @@ def run_long_eval(
         skip=done,
         listops_settings=listops_settings,
         text_pooling=text_pooling,
+        tokenizer_dir=output_dir / TOKENIZER_FOLDER,
     ):
-        stored = results["task_info"].setdefault(task.name, {})
-        protocol = stored.get(str(spec.length), task.info).get("model_overrides", {})
-        if protocol != task.model_overrides:
-            # Runs made before a task had a protocol (or under another one) would share labels with these.
-            raise ValueError(
-                f"{path} holds {task.name} runs at length {spec.length} with task overrides {protocol}, not "
-                f"{task.model_overrides}; use a new output folder."
-            )
-        stored[str(spec.length)] = task.info
+        with results_lock(path):
+            _check_folder(path, load_results(path), settings, generator, task)  # before the device time is spent
         logger.info("running %s on %s", spec.key, task.name)
         record = train_and_evaluate(task, spec, size, budget, device=device)
-        # Merge into the file as it is now: another process may share the folder (one per core on a CPU).
-        results = _merged(load_results(path), results, record)
-        save_results(path, results)
-        write_reports(output_dir, results)
+        # Check and merge against the file as it is now: another process may share the folder (one per core on a
+        # CPU), and may have started under other settings since.
+        with results_lock(path):
+            on_disk = load_results(path)
+            _check_folder(path, on_disk, settings, generator, task)
+            results = _merged(on_disk, settings, task, record)
+            save_results(path, results)
+            write_reports(output_dir, results)
         if on_result is not None:
             on_result(record)
-    write_reports(output_dir, results)
+    with results_lock(path):
+        results = load_results(path)  # every process's runs
+        if results["runs"]:
+            write_reports(output_dir, results)
     return results

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+try:  # POSIX; elsewhere processes must not share a folder (the lock is then a no-op)
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
 
 TASK_TITLES = {
     "imdb": "IMDB (WordPiece tokens)",
@@ -21,10 +30,33 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def save_results(path: Path, results: dict[str, Any]) -> None:
+    """Replace `path` atomically. The temporary file is this writer's own, so that writers sharing the folder never
+    move each other's half-written files into place (hold [`results_lock`] to merge with what another wrote)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)  # never leave a half-written file behind an interrupted run
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(json.dumps(results, indent=1) + "\n")
+        os.replace(tmp, path)  # never leave a half-written file behind an interrupted run
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def results_lock(path: Path) -> Iterator[None]:
+    """Exclusive lock on the results file `path` (a lock file beside it) across the processes sharing its folder, for
+    a read-check-merge-write of the file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a", encoding="utf-8") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _baseline(runs: list[dict[str, Any]], length: int | None) -> dict[str, Any] | None:

@@ -30,6 +30,8 @@ SCHEDULES = {
 #: `Budget.group_by_length`: batches are cut from groups of this many batches' examples (transformers'
 #: `LengthGroupedSampler` sorts "mega-batches" of 50 batches the same way).
 GROUP_BATCHES = 50
+#: Shortest input length a run accepts: `[CLS]`, one token of the example and `[SEP]`.
+MIN_LENGTH = 3
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,14 @@ class Budget:
     Training budget, identical for every family and length of a comparison.
 
     Args:
-        steps / batch_size: optimizer steps and examples per step.
-        learning_rate / warmup_steps / weight_decay: AdamW; the learning rate is reached after the linear warm-up.
+        steps / batch_size: optimizer steps and examples per step (at least 1).
+        learning_rate / warmup_steps / weight_decay: AdamW; the learning rate is reached after the linear warm-up,
+            which ends within the training (and within the pretraining, when there is one).
         schedule: after the warm-up, `"linear"` decays to 0 at the last step; `"rsqrt"` decays as
             `sqrt(warmup_steps / step)`, LRA's "constant * linear_warmup * rsqrt_decay" (its base rate 0.05 is a
             peak of `0.05 / sqrt(warmup_steps)`: 1.58e-3 for ListOps, 5.59e-4 for Text).
-        seed: model initialisation and data order (and the ListOps training stream).
+        seed: model initialisation and data order (and the ListOps training stream; never the task's validation
+            seed, see [`check_training_seed`]).
         eval_batch_size: validation batch size (does not change the result).
         max_grad_norm: gradient clipping.
         bf16: run forward passes (training and evaluation) under bfloat16 autocast; parameters, optimizer state and
@@ -65,6 +69,9 @@ class Budget:
             Transformers from scratch on LRA); 0 trains the classifier from scratch, LRA's protocol. The steps use the
             same batch size, learning rate, warm-up and schedule as fine-tuning.
         mlm_probability: share of the real (non-special) tokens the pretraining predicts (BERT's 15%).
+
+    Raises:
+        ValueError: A field is out of its range; the message names the field and the value.
     """
 
     steps: int = 600
@@ -82,10 +89,30 @@ class Budget:
     mlm_probability: float = 0.15
 
     def __post_init__(self) -> None:
+        # Checked here, not where the values are used: a bad value would otherwise record an untrained model
+        # (`steps=0`), fail with an unrelated message (`batch_size=0`) or fail only after the training.
         if self.schedule not in SCHEDULES:
             raise ValueError(f"`schedule` must be one of {sorted(SCHEDULES)}, got {self.schedule!r}.")
+        for name in ("steps", "batch_size", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
         if self.pretrain_steps < 0:
             raise ValueError(f"`pretrain_steps` must be >= 0, got {self.pretrain_steps}.")
+        # A warm-up longer than the training never reaches the recorded learning rate; pretraining shares it.
+        if not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(f"`warmup_steps` must be in [0, steps={self.steps}], got {self.warmup_steps}.")
+        if self.pretrain_steps and self.warmup_steps > self.pretrain_steps:
+            raise ValueError(
+                f"`warmup_steps` must be <= pretrain_steps={self.pretrain_steps} (the pretraining warms up the same "
+                f"way), got {self.warmup_steps}."
+            )
+        if not 0.0 < self.learning_rate < math.inf:
+            raise ValueError(f"`learning_rate` must be a positive number, got {self.learning_rate}.")
+        if not 0.0 <= self.weight_decay < math.inf:
+            raise ValueError(f"`weight_decay` must be >= 0, got {self.weight_decay}.")
+        # 0 would zero every gradient; `inf` is allowed and means no clipping.
+        if not self.max_grad_norm > 0.0:
+            raise ValueError(f"`max_grad_norm` must be > 0, got {self.max_grad_norm}.")
         if not 0.0 < self.mlm_probability < 1.0:
             raise ValueError(f"`mlm_probability` must be in (0, 1), got {self.mlm_probability}.")
 
@@ -97,9 +124,12 @@ class RunSpec:
 
     Args:
         model_type: key of `attnzoo.registry.FAMILIES`.
-        length: longest input in tokens.
+        length: longest input in tokens (`[CLS]` and `[SEP]` included; at least `MIN_LENGTH`).
         overrides: config fields on top of the family defaults (e.g. `{"num_global_tokens": 0}`).
         label: row name in the reports; defaults to the model_type plus the overrides.
+
+    Raises:
+        ValueError: An unknown family, or a length below `MIN_LENGTH`.
     """
 
     model_type: str
@@ -110,6 +140,11 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.model_type not in FAMILIES:
             raise ValueError(f"Unknown family {self.model_type!r}; registered: {sorted(FAMILIES)}.")
+        # Every length of a `TaskPlan` becomes a RunSpec (`planned_runs`) before a task is built or a model trained.
+        if self.length < MIN_LENGTH:
+            raise ValueError(
+                f"`length` must be >= {MIN_LENGTH} ([CLS], at least one token and [SEP]), got {self.length}."
+            )
         if not self.label:
             suffix = ",".join(f"{k}={v}" for k, v in sorted(self.overrides.items()))
             object.__setattr__(self, "label", self.model_type + (f" [{suffix}]" if suffix else ""))
@@ -161,9 +196,29 @@ def stored_budget(settings: dict[str, Any]) -> dict[str, Any]:
     return {**defaults, **settings["budget"]}
 
 
+def check_training_seed(task: TaskData, budget: Budget) -> None:
+    """Refuse a training stream that would repeat the validation set.
+
+    Raises:
+        ValueError: The task generates its validation examples from a seed (`task.info["validation_seed"]`, ListOps)
+            and the budget's seed is that one: the training stream would be the validation examples, in order.
+    """
+    validation_seed = task.info.get("validation_seed")
+    if validation_seed is not None and budget.seed == validation_seed:
+        raise ValueError(
+            f"The training seed {budget.seed} is the {task.name} task's validation seed: the model would train on "
+            "the validation examples. Use another `seed`."
+        )
+
+
 def run_batches(task: TaskData, budget: Budget) -> Iterator[list[Example]]:
     """A run's endless training batches: the task's stream under the budget's seed, batch size and length grouping
-    (the pretraining and the fine-tuning of a run each draw a fresh one, so both see the same order)."""
+    (the pretraining and the fine-tuning of a run each draw a fresh one, so both see the same order).
+
+    Raises:
+        ValueError: The budget's seed is the task's validation seed ([`check_training_seed`]).
+    """
+    check_training_seed(task, budget)
     return training_batches(task.train_stream(budget.seed), budget.batch_size, budget.group_by_length, budget.seed)
 
 
@@ -312,9 +367,14 @@ def train_and_evaluate(
         A JSON-able record: accuracy, validation loss, the training-loss curve (mean over `log_every` steps), wall
         time of training, real (non-padding) training tokens per second, the parameter count and the device; with
         pretraining also its loss curve and wall time.
+
+    Raises:
+        ValueError: The task is encoded at another length, or the budget's seed is the task's validation seed
+            ([`check_training_seed`]); both before a model is built.
     """
     if spec.length != task.length:
         raise ValueError(f"The task is encoded at length {task.length}, the run asks for {spec.length}.")
+    check_training_seed(task, budget)  # before a model is built (`run_batches` checks again for its other callers)
     device = resolve_device(device)
     name = f"{spec.key} on {task.name}"
     torch.manual_seed(budget.seed)

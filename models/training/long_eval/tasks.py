@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import itertools
+import json
+import os
 import random
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ...tokenization import SPECIAL_TOKENS, train_wordpiece_tokenizer, tsv_is_csv_quoted
 from ..data.listops import VOCABULARY as LISTOPS_VOCABULARY
@@ -95,6 +102,11 @@ def read_reviews(path: str | Path) -> list[tuple[str, int]]:
     return [(row["text"], int(row["label"])) for row in rows]
 
 
+def reviews_digest(path: str | Path) -> str:
+    """`sha256:<16 hex digits>` of a reviews file: what a results folder records to refuse runs on other data."""
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
 def split_reviews(
     reviews: list[tuple[str, int]], validation_size: int, seed: int
 ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
@@ -140,12 +152,59 @@ def _split_info(
     }
 
 
+def _split_tokenizer(
+    train: list[tuple[str, int]], vocab_size: int, folder: Path | None, split: dict[str, Any]
+) -> PreTrainedTokenizerBase:
+    """The WordPiece tokenizer of a split's training reviews.
+
+    Training one is not reproducible: the trainer breaks ties between equally frequent merges differently from run to
+    run (two trainings on the same reviews differ in a few hundred of 8,000 entries). So with `folder` the first run
+    saves its tokenizer there and every later one (another length, a resumed run, another process on the same results
+    folder) reads that one: all rows of a folder see the same token ids.
+
+    Raises:
+        ValueError: `folder` holds a tokenizer of another split (`split`: reviews, sizes, seed, vocabulary).
+    """
+    if folder is None:
+        return train_wordpiece_tokenizer((text for text, _ in train), vocab_size=vocab_size)
+    record = folder / "split.json"
+    if not record.is_file():
+        trained = train_wordpiece_tokenizer((text for text, _ in train), vocab_size=vocab_size)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+        trained.save_pretrained(staging)
+        (staging / "split.json").write_text(json.dumps(split, indent=1) + "\n", encoding="utf-8")
+        try:
+            os.rename(staging, folder)  # atomic: another process sees no folder or a complete one
+        except OSError:  # another process saved its tokenizer first: every run uses that one
+            shutil.rmtree(staging, ignore_errors=True)
+    stored = json.loads(record.read_text(encoding="utf-8"))
+    if stored != split:
+        raise ValueError(
+            f"{folder} holds the tokenizer of another split ({stored}), not {split}; use a new output folder."
+        )
+    return AutoTokenizer.from_pretrained(folder)
+
+
 def imdb_task(
-    reviews_file: str | Path, length: int, *, validation_size: int = 500, split_seed: int = 0, vocab_size: int = 8000
+    reviews_file: str | Path,
+    length: int,
+    *,
+    validation_size: int = 500,
+    split_seed: int = 0,
+    vocab_size: int = 8000,
+    tokenizer_dir: str | Path | None = None,
 ) -> TaskData:
-    """IMDB sentiment with a WordPiece tokenizer trained on the training part of the split only."""
+    """IMDB sentiment with a WordPiece tokenizer trained on the training part of the split only (saved in and read
+    from `tokenizer_dir` when given, so that every run of a results folder uses the same one)."""
     train, validation = split_reviews(read_reviews(reviews_file), validation_size, split_seed)
-    tokenizer = train_wordpiece_tokenizer((text for text, _ in train), vocab_size=vocab_size, model_max_length=length)
+    split = {
+        "reviews": reviews_digest(reviews_file),
+        "validation_size": validation_size,
+        "split_seed": split_seed,
+        "vocab_size": vocab_size,
+    }
+    tokenizer = _split_tokenizer(train, vocab_size, None if tokenizer_dir is None else Path(tokenizer_dir), split)
 
     def ids(rows: list[tuple[str, int]]) -> list[tuple[list[int], int]]:
         # Without special tokens: `_wrap` adds them and counts what the length cuts off (so the tokenizer's warning
@@ -169,7 +228,8 @@ def imdb_task(
             cut_validation,
             length,
             split_seed=split_seed,
-            tokenizer=f"WordPiece {len(tokenizer)} trained on the training split",
+            tokenizer=f"WordPiece {len(tokenizer)} trained on the training split"
+            + ("" if tokenizer_dir is None else f" (saved in {Path(tokenizer_dir).name}/)"),
         ),
     )
 
@@ -217,6 +277,20 @@ def text_task(
     )
 
 
+def check_listops_fits(length: int, settings: ListOpsSettings) -> None:
+    """
+    Raises:
+        ValueError: The longest tree of `settings` plus `[CLS]` and `[SEP]` does not fit `length`. A cut tree would
+            keep the label of the whole tree: a wrong label, not a shorter example.
+    """
+    if settings.max_length > length - 2:
+        raise ValueError(
+            f"ListOps trees of up to {settings.max_length} tokens plus [CLS] and [SEP] do not fit length {length}: "
+            f"use a length of at least {settings.max_length + 2}, or trees of at most {length - 2} tokens "
+            "(`ListOpsSettings.max_length`, `--listops_tree_lengths`)."
+        )
+
+
 def listops_task(
     length: int,
     *,
@@ -225,11 +299,13 @@ def listops_task(
     settings: ListOpsSettings | None = None,
 ) -> TaskData:
     """ListOps: training examples generated on the fly from the run's seed; a fixed validation set of its own seed.
+    Every tree fits `length` whole (the label is the value of the whole tree).
 
     The validation stream's seed differs from every training seed used by the runner (small integers), so the two
     are independent draws; an exact repeat of a 500-2000 token tree is practically impossible.
     """
     settings = settings or ListOpsSettings()
+    check_listops_fits(length, settings)
     symbol = {s: FIRST_SYMBOL_ID + i for i, s in enumerate(LISTOPS_VOCABULARY)}
 
     def encoded(stream: Iterable[tuple[list[str], int]]) -> Iterator[tuple[Example, bool]]:
