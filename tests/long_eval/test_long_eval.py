@@ -298,6 +298,14 @@ def test_validation_size_and_reviews_file_are_settings_of_the_folder(tmp_path, r
     other.write_text(reviews_file.read_text(encoding="utf-8") + "one more review\t1\n", encoding="utf-8")
     with pytest.raises(ValueError, match="another reviews"):
         run_long_eval(tmp_path, plans, rows, size=TINY, budget=budget, reviews_file=other, validation_size=8)
+    # ListOps reads no reviews: its runs neither conflict with a reviews file nor unset the folder's.
+    short = ListOpsSettings(min_length=20, max_length=60)
+    kwargs = {"size": TINY, "budget": budget, "validation_size": 8, "listops_settings": short}
+    run_long_eval(tmp_path / "mixed", [TaskPlan("listops", (64,))], rows, **kwargs)
+    run_long_eval(tmp_path / "mixed", plans, rows, reviews_file=reviews_file, **kwargs)
+    run_long_eval(tmp_path / "mixed", [TaskPlan("listops", (128,))], rows, **kwargs)
+    saved = json.loads((tmp_path / "mixed" / "long_eval.json").read_text())
+    assert saved["settings"]["reviews"].startswith("sha256:") and len(saved["runs"]) == 3
 
 
 def test_imdb_tokenizer_is_trained_once_per_folder_and_read_by_every_later_run(tmp_path, reviews_file, monkeypatch):

@@ -197,7 +197,7 @@ def _check_folder(
     if previous:
         previous = {**previous, "budget": stored_budget(previous)}
         for key in SHARED_SETTINGS:
-            if key in previous and previous[key] != settings[key]:
+            if key in previous and key in settings and previous[key] != settings[key]:
                 raise ValueError(
                     f"{path} holds runs made with another {key} ({previous[key]}, not {settings[key]}); use a new "
                     "output folder."
@@ -271,7 +271,8 @@ def run_long_eval(
         "size": dataclasses.asdict(size),
         "budget": dataclasses.asdict(budget),
         "validation_size": validation_size,
-        "reviews": None if reviews_file is None else reviews_digest(reviews_file),
+        # (only with a reviews file: a ListOps-only run reads none, and must not unset the folder's)
+        **({} if reviews_file is None else {"reviews": reviews_digest(reviews_file)}),
         "torch_threads": torch.get_num_threads(),
         **(settings_note or {}),
     }
