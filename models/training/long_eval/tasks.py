@@ -278,7 +278,8 @@ def text_task(
 
 
 def check_listops_fits(length: int, settings: ListOpsSettings) -> None:
-    """
+    """Check that every tree `settings` generates fits `length` whole, with `[CLS]` and `[SEP]`.
+
     Raises:
         ValueError: The longest tree of `settings` plus `[CLS]` and `[SEP]` does not fit `length`. A cut tree would
             keep the label of the whole tree: a wrong label, not a shorter example.
