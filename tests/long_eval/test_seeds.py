@@ -107,14 +107,12 @@ def test_rows_are_split_by_task_settings_that_differ_between_folders(tmp_path):
     assert names(*same) == ["a2@4096", "dense@1024"]
     assert load_seed_rows(same)[1].accuracies == {0: 0.60, 1: 0.60}
 
+    def seed1(name: str, pooling: str = "mean", **settings) -> Path:
+        """Seed 1 in its own folder, with the given Text pooling and settings."""
+        return write_folder(tmp_path / name, 1, accuracies, settings=settings, task_info=text_info(pooling, lengths))
+
     # Another Text pooling (the task's config override): the seeds are two protocols, not two draws of one.
-    cls = write_folder(
-        tmp_path / "cls",
-        1,
-        accuracies,
-        settings={"validation_size": 500, "reviews": "sha256:aa"},
-        task_info=text_info("cls", lengths),
-    )
+    cls = seed1("cls", "cls", validation_size=500, reviews="sha256:aa")
     assert names(same[0], cls) == [
         "a2@4096 (task.classifier_pooling=cls)",
         "dense@1024 (task.classifier_pooling=cls)",
@@ -126,32 +124,18 @@ def test_rows_are_split_by_task_settings_that_differ_between_folders(tmp_path):
     assert "dense@1024 (task.classifier_pooling=default)" in names(same[0], before)
 
     # Another validation set size, or another reviews file: two rows.
-    small = write_folder(
-        tmp_path / "small",
-        1,
-        accuracies,
-        settings={"validation_size": 100, "reviews": "sha256:aa"},
-        task_info=text_info("mean", lengths),
-    )
+    small = seed1("small", validation_size=100, reviews="sha256:aa")
     assert names(same[0], small) == [
         "a2@4096 (validation_size=100)",
         "dense@1024 (validation_size=100)",
         "a2@4096 (validation_size=500)",
         "dense@1024 (validation_size=500)",
     ]
-    other_reviews = write_folder(
-        tmp_path / "other_reviews",
-        1,
-        accuracies,
-        settings={"validation_size": 500, "reviews": "sha256:bb"},
-        task_info=text_info("mean", lengths),
-    )
+    other_reviews = seed1("other_reviews", validation_size=500, reviews="sha256:bb")
     assert names(same[0], other_reviews)[:2] == ["a2@4096 (reviews=sha256:aa)", "dense@1024 (reviews=sha256:aa)"]
 
     # A file that does not record the reviews (written before they were) is not set apart by that alone.
-    unrecorded = write_folder(
-        tmp_path / "unrecorded", 1, accuracies, settings={"validation_size": 500}, task_info=text_info("mean", lengths)
-    )
+    unrecorded = seed1("unrecorded", validation_size=500)
     assert names(same[0], unrecorded) == ["a2@4096", "dense@1024"]
 
 
