@@ -39,6 +39,9 @@ SHORTEST = 3
         ({"learning_rate": math.nan}, "`learning_rate` must be a positive number, got nan."),
         ({"weight_decay": -0.01}, "`weight_decay` must be >= 0, got -0.01."),
         ({"max_grad_norm": 0.0}, "`max_grad_norm` must be > 0, got 0.0."),
+        # numpy's range (`transformers.set_seed`); torch would overflow only at 2**64, after the data is built
+        ({"seed": -1}, "`seed` must be in [0, 2**32), got -1."),
+        ({"seed": 2**32}, f"`seed` must be in [0, 2**32), got {2**32}."),
     ],
 )
 def test_budget_names_the_field_and_value_out_of_range(fields, message):
@@ -51,6 +54,7 @@ def test_budget_accepts_the_edges_of_every_range():
     Budget(steps=1, warmup_steps=1, weight_decay=0.0)
     Budget(steps=100, warmup_steps=60, pretrain_steps=60)
     Budget(max_grad_norm=math.inf)  # no clipping
+    Budget(seed=2**32 - 1)
 
 
 def test_lengths_too_short_for_cls_and_sep_are_refused_before_any_task_is_built():

@@ -96,6 +96,9 @@ class Budget:
         for name in ("steps", "batch_size", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}.")
+        # The range of `transformers.set_seed` (numpy's seeds); torch alone would overflow only at 2**64, mid-run.
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"`seed` must be in [0, 2**32), got {self.seed}.")
         if self.pretrain_steps < 0:
             raise ValueError(f"`pretrain_steps` must be >= 0, got {self.pretrain_steps}.")
         # A warm-up longer than the training never reaches the recorded learning rate; pretraining shares it.
