@@ -277,7 +277,11 @@ class DenseAttention(ZooAttention):
     uses_attention_interface = True
 
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
-        mask = attention_bool_mask(key_valid, q.shape[2], k.shape[2], self.is_causal, query_offset, q.device)
-        if output_attentions or self.config.attention_backend == "reference":
+        reference = output_attentions or self.config.attention_backend == "reference"
+        # The reference kernel has no causal flag: without padding, causality must still be in its mask.
+        mask = attention_bool_mask(
+            key_valid, q.shape[2], k.shape[2], self.is_causal, query_offset, q.device, kernel_is_causal=not reference
+        )
+        if reference:
             return self.dense_reference(q, k, v, mask, output_attentions)
         return AttentionOutput(hidden_states=interface_attention(self, q, k, v, key_valid, mask))

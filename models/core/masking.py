@@ -42,13 +42,16 @@ def attention_bool_mask(
     causal: bool,
     query_offset: int = 0,
     device: torch.device | None = None,
+    kernel_is_causal: bool = True,
 ) -> torch.Tensor | None:
     """Dense boolean mask `(B or 1, 1, Nq, Nk)` (True = may attend), or `None` when nothing is masked.
 
-    For causal attention without padding `None` is returned only when SDPA's own causal flag is equivalent
-    (aligned queries and keys, or a single query that may see every cached key).
+    For causal attention without padding `None` is returned only when the kernel's own causal flag is equivalent
+    (aligned queries and keys, or a single query that may see every cached key). A kernel without such a flag
+    (`kernel_is_causal=False`, e.g. the reference `dense_masked_attention`) gets causality in the mask whenever
+    there is more than one query.
     """
-    needs_causal = causal and query_len > 1 and query_len != key_len
+    needs_causal = causal and query_len > 1 and (query_len != key_len or not kernel_is_causal)
     if key_valid is None and not needs_causal:
         return None
     device = key_valid.device if key_valid is not None else device

@@ -287,6 +287,34 @@ def test_cached_decoder_logits_equal_full_recomputation(model_type):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
 
 
+DECODERS = [pytest.param(f, {}, id=FAMILIES[f].name) for f in sorted(FAMILIES)] + [
+    pytest.param("sbm", {"sbm_in_decoder": False}, id="SBM-dense-decoder")
+]
+
+
+@pytest.mark.parametrize(("model_type", "overrides"), DECODERS)
+@pytest.mark.parametrize("path", ["output_attentions", "reference_backend"])
+def test_decoder_never_sees_later_tokens_on_the_reference_path(model_type, overrides, path):
+    # Without decoder padding, causality came only from the fast kernel's causal flag, which the reference kernel
+    # (taken for `output_attentions` and `attention_backend="reference"`) does not have: it attended to later tokens.
+    model = tiny_model(model_type, "conditional_generation", **overrides).eval()
+    reference = tiny_model(model_type, "conditional_generation", attention_backend="reference", **overrides).eval()
+    reference.load_state_dict(model.state_dict())
+    inputs = make_inputs(model.config, "conditional_generation")
+    later_changed = inputs["decoder_input_ids"].clone()
+    later_changed[:, -1] = (later_changed[:, -1] + 1) % model.config.vocab_size
+    kwargs = {"output_attentions": True} if path == "output_attentions" else {}
+    run = model if path == "output_attentions" else reference
+    with torch.no_grad():
+        fast = model(**inputs).logits
+        out = run(**inputs, **kwargs)
+        changed = run(**{**inputs, "decoder_input_ids": later_changed}, **kwargs).logits
+    torch.testing.assert_close(out.logits, fast, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(changed[:, :-1], out.logits[:, :-1], rtol=0, atol=1e-6)
+    for weights in out.decoder_attentions or ():
+        assert weights.triu(diagonal=1).abs().max() == 0
+
+
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_seq2seq_labels_are_shifted_exactly_once(model_type):
     model = tiny_model(model_type, "conditional_generation").eval()
