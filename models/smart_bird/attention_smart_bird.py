@@ -11,6 +11,12 @@ from .configuration_smart_bird import SmartBirdConfig
 from .sampling import sample_keys
 
 
+def sampled_length(key_valid: torch.Tensor) -> int:
+    """Length an example's keys are sampled over in eval: up to its last real token (`key_valid`: `(N,)` bool)."""
+    real = key_valid.nonzero()
+    return int(real[-1]) + 1 if real.numel() else 0
+
+
 class SmartBirdAttention(ZooAttention):
     """Encoder self-attention over `num_samples` keys per query and head, sampled from the sketch's attention.
 
@@ -52,19 +58,24 @@ class SmartBirdAttention(ZooAttention):
         with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
             if not seeded:
                 return self._sample(sketch, key_valid, H, function, None)
-            # Eval: every sample draws from its own generator with the same seed, so an input's keys do not depend
-            # on the rest of the batch (a text batched with others gets the keys it gets alone, at equal length).
-            parts = [
-                self._sample(
-                    (sketch[0][b : b + 1], sketch[1][b : b + 1]),
-                    None if key_valid is None else key_valid[b : b + 1],
+            # Eval: every example draws from its own generator with the same seed, over its own length (up to its
+            # last real token), so its keys depend neither on the rest of the batch nor on how far the batch pads it.
+            idx = torch.zeros(B, H, N, min(self.config.num_samples, N), dtype=torch.long, device=q.device)
+            valid = torch.zeros(idx.shape, dtype=torch.bool, device=q.device)
+            for b in range(B):
+                length = N if key_valid is None else sampled_length(key_valid[b])
+                if length == 0:  # no real token: no key to sample
+                    continue
+                part_idx, part_valid = self._sample(
+                    (sketch[0][b : b + 1, :length], sketch[1][b : b + 1, :length]),
+                    None if key_valid is None else key_valid[b : b + 1, :length],
                     H,
                     function,
                     torch.Generator(device=q.device).manual_seed(self.config.sampling_seed + self.layer_idx),
-                )
-                for b in range(B)
-            ]
-            return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+                )  # (1, H, length, min(K, length)); the padded rows past `length` attend to nothing
+                idx[b, :, :length, : part_idx.shape[-1]] = part_idx[0]
+                valid[b, :, :length, : part_idx.shape[-1]] = part_valid[0]
+            return idx, valid
 
     def _sample(self, sketch, key_valid, num_heads, function, generator):
         return sample_keys(

@@ -48,7 +48,9 @@ class SmartBirdConfig(SparseZooConfig):
             Freeze the sketch network (no gradient, no sketch loss), e.g. for a second stage after pre-training it.
         eval_sampling (`str`, *optional*, defaults to `"sample"`):
             Key selection in eval mode: `"sample"` (the same stochastic sampling, from a generator seeded with
-            `sampling_seed` plus the layer index, hence deterministic) or `"topk"` (the `K` largest sketch weights).
+            `sampling_seed` plus the layer index, hence deterministic; each example draws on its own, over its length
+            up to its last real token, so batching and padding never change its keys) or `"topk"` (the `K` largest
+            sketch weights).
         sampling_seed (`int`, *optional*, defaults to 0):
             Seed of the eval-mode sampling generator. Training samples from the global torch RNG, so gradient
             checkpointing replays the same keys.

@@ -143,6 +143,20 @@ def test_padding_tokens_never_change_outputs_at_real_positions(model_type, head)
 
 
 @pytest.mark.parametrize(("model_type", "head"), CASES)
+def test_an_example_gives_the_same_outputs_alone_and_padded_in_a_batch(model_type, head):
+    # Batched inference must not change an example's prediction: the sampled attentions (Smart Bird, SBM) draw an
+    # example's eval graph from its own tokens, not from the batch or its padded length.
+    model = tiny_model(model_type, head).eval()
+    inputs = make_inputs(model.config, head)  # the second example is padded from PAD_FROM
+    alone = {key: value[1:] if key == "decoder_input_ids" else value[1:, :PAD_FROM] for key, value in inputs.items()}
+    with torch.no_grad():
+        batched, single = main_output(model(**inputs))[1], main_output(model(**alone))[0]
+    if head in ("base", "masked_lm"):
+        batched = batched[:PAD_FROM]
+    torch.testing.assert_close(single, batched, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("model_type", "head"), CASES)
 def test_eval_is_deterministic(model_type, head):
     model = tiny_model(model_type, head).eval()
     inputs = make_inputs(model.config, head)
