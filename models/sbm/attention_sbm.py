@@ -243,7 +243,10 @@ class SBMAttention(ZooAttention):
 
     def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor, sampling: bool) -> str:
         backend = self.config.sampling_backend
-        if not sampling:
+        if not sampling or (not self.training and self.decoder_site):
+            # Eval at a decoder site draws every pair from its own counter-based uniform (the dense sampler): a
+            # fastRG multigraph couples all pairs of a sequence, so its draws would change with the KV cache (one
+            # query per step) and with the padded decoder positions, which cross-attention cannot tell apart.
             return "bernoulli"
         if backend != "auto":
             return backend
@@ -253,6 +256,11 @@ class SBMAttention(ZooAttention):
             total = pairs.sum() * self.num_heads
             density = float((expected + delta * total) / total.clamp(min=1))
         return "fastrg" if density < self.config.auto_density_threshold else "bernoulli"
+
+    @property
+    def decoder_site(self) -> bool:
+        """Decoder self-attention or cross-attention (queries generated step by step)."""
+        return self.is_causal or self.is_cross_attention
 
     def query_offset(self, q: torch.Tensor, k: torch.Tensor, cache: Cache | None) -> int:
         """As [`ZooAttention.query_offset`]; cross-attention also gets its queries' decoder positions, so that
@@ -280,9 +288,33 @@ class SBMAttention(ZooAttention):
             out.attn_weights = out.attn_weights.to(in_dtype)
         return out
 
+    def _attend_each_example(self, q, k, v, key_valid, offset: int, output_attentions: bool) -> AttentionOutput:
+        """[`_attend_fp32`] one example at a time (eval), outputs concatenated along the batch."""
+        parts = [
+            self._attend_fp32(
+                q[b : b + 1],
+                k[b : b + 1],
+                v[b : b + 1],
+                None if key_valid is None else key_valid[b : b + 1],
+                offset,
+                output_attentions,
+            )  # fmt: skip
+            for b in range(q.shape[0])
+        ]
+        return AttentionOutput(
+            hidden_states=torch.cat([part.hidden_states for part in parts]),
+            attn_weights=torch.cat([part.attn_weights for part in parts]) if output_attentions else None,
+            density=torch.cat([part.density for part in parts]),
+        )
+
     def _attend_fp32(self, q, k, v, key_valid, offset: int, output_attentions: bool) -> AttentionOutput:
         cfg = self.config
         B, H, n, _ = q.shape
+        per_example = not (self.training or self.decoder_site) and cfg.sample_at_eval
+        if per_example and B > 1 and cfg.sampling_backend != "bernoulli":
+            # A fastRG graph is one multigraph per sequence drawn from one generator, and "auto" picks its backend
+            # from the density: in eval each example runs alone, so its graph never depends on its batch.
+            return self._attend_each_example(q, k, v, key_valid, offset, output_attentions)
         m = k.shape[2]
         device = q.device
         query_valid = None
@@ -308,7 +340,12 @@ class SBMAttention(ZooAttention):
             all_pairs = cfg.ste_all_pairs is not False and self.training
             probs = (q_memb @ blocks) @ k_memb.transpose(-1, -2)  # (B, H, n, m)
             with torch.no_grad():
-                blocked, sampled = self.sample_dense(probs.detach(), delta, allowed, offset, sampling)
+                law, law_delta = probs.detach(), delta
+                if not self.training and cfg.sampling_backend == "fastrg":
+                    # A model trained with fastRG is evaluated under its law: merged Poisson counts make a pair
+                    # present with probability 1 - exp(-(p + δ)), not p + δ.
+                    law, law_delta = -torch.expm1(-(law + delta)), 0.0
+                blocked, sampled = self.sample_dense(law, law_delta, allowed, offset, sampling)
                 row_counts = m - blocked.sum(-1)  # (B, H, n) attended keys per query
                 if sampled is None:
                     sampled_rows = row_counts

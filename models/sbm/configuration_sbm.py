@@ -69,7 +69,10 @@ class SBMConfig(SparseZooConfig):
             `"bernoulli"`: dense exact Bernoulli sampling of every pair and dense masked attention (what the official
             code ran; O(N²) memory). `"fastrg"`: vectorised fastRG sampling of an edge list (Poisson edge counts,
             duplicates merged) and edge-list attention, linear in the number of edges. `"auto"`: fastRG when the
-            expected density is below `auto_density_threshold`, Bernoulli otherwise (decided per call).
+            expected density is below `auto_density_threshold`, Bernoulli otherwise (decided per call). In eval,
+            encoder sites sample each example on its own (its graph never depends on its batch), and decoder sites
+            (causal self- and cross-attention) draw every pair from its own seeded uniform, with fastRG's law
+            `1 - exp(-p)` under `"fastrg"`, so `generate()` gives the same graph with and without the cache.
         auto_density_threshold (`float`, *optional*, defaults to 0.02):
             Expected density under which `"auto"` picks fastRG.
         sample_at_eval (`bool`, *optional*, defaults to `True`):

@@ -531,6 +531,64 @@ def test_incremental_decoding_matches_full_decoding_in_eval():
     assert generated.shape[0] == 2
 
 
+# fastRG, and "auto" with a threshold that picks it (an untrained model's expected density is about a quarter)
+FASTRG_EVAL = [
+    pytest.param({"sampling_backend": "fastrg"}, id="fastrg"),
+    pytest.param({"sampling_backend": "auto", "auto_density_threshold": 0.9}, id="auto"),
+]
+
+
+def _padded_pair(short: int = 30, long: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch whose first example (`short` tokens) is right-padded to the second's `long`; `(ids, mask)`."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, 200, (2, long), generator=g)
+    mask = torch.ones_like(ids)
+    ids[0, short:], mask[0, short:] = 0, 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("overrides", FASTRG_EVAL)
+def test_eval_graph_of_an_example_does_not_depend_on_its_batch(overrides):
+    # One fastRG multigraph per call, from one generator, coupled every example of the batch.
+    torch.manual_seed(0)
+    model = SBMForSequenceClassification(make_config(**overrides)).eval()
+    ids, mask = _padded_pair()
+    with torch.no_grad():
+        alone = model(input_ids=ids[:1, :30]).logits[0]
+        batched = model(input_ids=ids, attention_mask=mask).logits[0]
+        second = model(input_ids=ids.flip(0), attention_mask=mask.flip(0)).logits[1]
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(second, alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", FASTRG_EVAL)
+def test_decoding_under_fastrg_is_the_same_with_and_without_cache_and_padding(overrides):
+    # Decoder sites draw each pair from its own counter-based uniform in eval: a step's single query gets the graph
+    # that full recomputation gives it, and padded decoder positions draw nothing for the real ones.
+    torch.manual_seed(0)
+    model = SBMForConditionalGeneration(make_config(initializer_range=0.3, **overrides)).eval()
+    ids, mask = _padded_pair()
+    dec = torch.randint(5, 200, (2, 8), generator=torch.Generator().manual_seed(4))
+    dec_mask = torch.ones_like(dec)
+    dec_mask[0, 5:] = 0
+    other_padding = dec.clone()
+    other_padding[0, 5:] = 7
+    with torch.no_grad():
+        source = {"encoder_outputs": model.get_encoder()(input_ids=ids, attention_mask=mask), "attention_mask": mask}
+        full = model(**source, decoder_input_ids=dec).logits
+        step = model(**source, decoder_input_ids=dec[:, :7], use_cache=True)
+        last = model(**source, decoder_input_ids=dec[:, 7:], cache=get_cache(step))
+        padded = [
+            model(**source, decoder_input_ids=d, decoder_attention_mask=dec_mask).logits for d in (dec, other_padding)
+        ]
+        settings = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": None}
+        generated = model.generate(input_ids=ids, attention_mask=mask, **settings)
+        alone = model.generate(input_ids=ids[:1, :30], **settings)
+    torch.testing.assert_close(last.logits[:, -1], full[:, -1], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(padded[0][0, :5], padded[1][0, :5], atol=1e-6, rtol=0)
+    assert torch.equal(generated[:1], alone)
+
+
 def test_decoder_sites_can_fall_back_to_dense():
     model = SBMForConditionalGeneration(make_config(sbm_in_decoder=False, sbm_in_cross_attention=False))
     layer = model.model.decoder.layers[0]
