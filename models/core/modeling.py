@@ -328,7 +328,8 @@ class ZooForSequenceClassification(_EncoderHeadMixin, ZooPreTrainedModel):
         """
         Args:
             labels (`torch.Tensor` of shape `(batch,)` or `(batch, num_labels)`, *optional*): class ids in
-                `[0, num_labels)`, regression targets (`num_labels == 1`) or multi-hot targets.
+                `[0, num_labels)` (-100: ignored by the loss, as in BERT), regression targets (`num_labels == 1`)
+                or multi-hot targets.
         """
         if labels is not None:
             self._check_labels(labels)
@@ -361,9 +362,11 @@ class ZooForSequenceClassification(_EncoderHeadMixin, ZooPreTrainedModel):
     def _check_labels(self, labels: torch.Tensor) -> None:
         num_labels = self.config.num_labels
         integer = labels.dtype in (torch.long, torch.int)
-        if num_labels > 1 and integer and labels.dim() == 1 and bool(((labels < 0) | (labels >= num_labels)).any()):
+        # -100 is ignored by the loss, as in BERT (e.g. examples without a gold label).
+        outside = ((labels < 0) & (labels != -100)) | (labels >= num_labels)
+        if num_labels > 1 and integer and labels.dim() == 1 and bool(outside.any()):
             raise ValueError(
-                f"Classification labels must be in [0, num_labels={num_labels}); got values "
+                f"Classification labels must be in [0, num_labels={num_labels}) or -100 (ignored); got values "
                 f"{sorted(set(labels.tolist()))}. Set `num_labels` (or `id2label`) in the config to match the data."
             )
 

@@ -16,9 +16,14 @@ from .positions import build_position_embeddings
 
 
 def check_inputs(
-    input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, max_positions: int, field: str
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    max_positions: int,
+    field: str,
+    past_length: int = 0,
 ) -> tuple[int, int]:
-    """Validate that exactly one of ids/embeddings is given and the length fits; return `(batch, length)`."""
+    """Validate that exactly one of ids/embeddings is given and the length fits after `past_length` cached positions;
+    return `(batch, length)`."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`.")
     batch, length = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
@@ -28,10 +33,11 @@ def check_inputs(
         raise ValueError(
             f"Got inputs of shape {(batch, length)}: a batch needs at least one example of at least one token."
         )
-    if length > max_positions:
+    if past_length + length > max_positions:
+        after_cache = f" after {past_length} cached positions" if past_length else ""
         raise ValueError(
-            f"Sequence length {length} exceeds `{field}` ({max_positions}); truncate the inputs or use a config "
-            f"with a larger `{field}`."
+            f"Sequence length {length}{after_cache} exceeds `{field}` ({max_positions}); truncate the inputs (or "
+            f"generate fewer tokens) or use a config with a larger `{field}`."
         )
     return batch, length
 
@@ -84,6 +90,21 @@ class Embeddings(nn.Module):
         self.type_vocab_size = config.type_vocab_size
         self.max_positions = config.max_position_embeddings
 
+    def check_inputs(
+        self, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None, length: int
+    ) -> None:
+        """Explicit `position_ids` and `token_type_ids` must index their tables (a `ValueError` naming them, not an
+        `IndexError`). The encoder checks them before anything reads them (Smart Bird's sketch reads the positions)."""
+        if position_ids is not None:
+            check_position_ids(position_ids, length, self.max_positions, rotary=self.position_embeddings is None)
+        if token_type_ids is not None and bool(
+            ((token_type_ids < 0) | (token_type_ids >= self.type_vocab_size)).any()
+        ):
+            raise ValueError(
+                f"`token_type_ids` must be in [0, type_vocab_size={self.type_vocab_size}): min "
+                f"{int(token_type_ids.min())}, max {int(token_type_ids.max())}."
+            )
+
     def forward(
         self,
         input_ids: torch.Tensor | None,
@@ -91,18 +112,15 @@ class Embeddings(nn.Module):
         position_ids: torch.Tensor | None,
         inputs_embeds: torch.Tensor | None,
     ) -> torch.Tensor:
+        """Embed the inputs; `position_ids` and `token_type_ids` are checked by [`check_inputs`] first."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
         length = inputs_embeds.shape[1]
         if position_ids is None:
             position_ids = torch.arange(length, device=inputs_embeds.device)[None]
-        else:
-            check_position_ids(position_ids, length, self.max_positions, rotary=self.position_embeddings is None)
         if token_type_ids is None:
             type_embeds = self.token_type_embeddings.weight[0]
         else:
-            if bool((token_type_ids >= self.type_vocab_size).any()):
-                raise ValueError(f"`token_type_ids` must be < `type_vocab_size` ({self.type_vocab_size}).")
             type_embeds = self.token_type_embeddings(token_type_ids)
         embeddings = inputs_embeds
         if self.position_embeddings is not None:  # None: rotary positions, applied in the attention
@@ -148,6 +166,7 @@ class Encoder(nn.Module):
             input_ids, inputs_embeds, self.config.max_position_embeddings, "max_position_embeddings"
         )
         check_token_ids(input_ids, self.config.vocab_size)
+        self.embeddings.check_inputs(token_type_ids, position_ids, length)
         key_valid = key_valid_from_attention_mask(attention_mask, batch, length)
         extra_aux_loss = self.prepare_layers(input_ids, inputs_embeds, position_ids, key_valid)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
@@ -216,11 +235,9 @@ class Decoder(nn.Module):
             cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         past_length = cache.get_seq_length() if cache is not None else 0
         batch, length = check_inputs(
-            input_ids,
-            inputs_embeds,
-            self.config.decoder_max_position_embeddings - past_length,
-            "decoder_max_position_embeddings",
-        )
+            input_ids, inputs_embeds, self.config.decoder_max_position_embeddings, "decoder_max_position_embeddings",
+            past_length,
+        )  # fmt: skip
         check_token_ids(input_ids, self.config.vocab_size)
         total = past_length + length
         if attention_mask is not None and attention_mask.shape[-1] == length and past_length:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -399,6 +400,33 @@ def test_bad_inputs_raise_clear_value_errors(model_type):
         model(input_ids=torch.full((1, 4), config.vocab_size))
     with pytest.raises(ValueError, match="input_ids"):
         model()
+    # Checked before anything reads them (Smart Bird's sketch read the positions first: an IndexError).
+    for position_ids in (torch.full((2, 8), config.max_position_embeddings), torch.full((2, 8), -1)):
+        with pytest.raises(ValueError, match="position_ids"):
+            model(input_ids=ids, position_ids=position_ids)
+    for token_type_ids in (torch.full((2, 8), config.type_vocab_size), torch.full((2, 8), -1)):
+        with pytest.raises(ValueError, match="token_type_ids"):
+            model(input_ids=ids, token_type_ids=token_type_ids)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_generating_past_the_decoder_positions_says_how_far_it_got(model_type):
+    model = tiny_model(model_type, "conditional_generation").eval()
+    limit = model.config.decoder_max_position_embeddings
+    message = f"Sequence length 1 after {limit} cached positions exceeds `decoder_max_position_embeddings` ({limit})"
+    with torch.no_grad(), pytest.raises(ValueError, match=re.escape(message)):
+        model.generate(input_ids=torch.randint(5, model.config.vocab_size, (1, 8)), max_new_tokens=limit + 1)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_classification_ignores_labels_of_minus_100_as_bert_does(model_type):
+    model = tiny_model(model_type, "sequence_classification").eval()
+    ids = torch.randint(5, model.config.vocab_size, (3, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=torch.tensor([1, -100, 0]))
+    expected = torch.nn.functional.cross_entropy(out.logits[[0, 2]], torch.tensor([1, 0]))
+    aux = out.aux_loss * model.config.aux_loss_coef if out.aux_loss is not None else 0.0
+    torch.testing.assert_close(out.loss, expected + aux)
 
 
 @pytest.mark.parametrize(("model_type", "head"), CASES)
