@@ -71,7 +71,15 @@ def summarize(
 
 
 class SparseSummarizationPipeline(Pipeline):
-    """`pipeline("sparse-summarization", model=...)`: returns `[{"summary_text": ...}]` per input."""
+    """`pipeline("sparse-summarization", model=...)`, the `summarization` pipeline of transformers 4: a text gives
+    `[{"summary_text": ...}]` (one entry per returned sequence), a list of texts one such entry per text (or a list
+    of lists with `num_return_sequences > 1`)."""
+
+    def __call__(self, inputs: str | list[str], **kwargs) -> list:
+        result = super().__call__(inputs, **kwargs)
+        if isinstance(inputs, list) and all(len(summaries) == 1 for summaries in result):
+            return [summaries[0] for summaries in result]
+        return result
 
     def _sanitize_parameters(self, truncation: bool | None = None, **generate_kwargs):
         preprocess = {} if truncation is None else {"truncation": truncation}
@@ -83,9 +91,9 @@ class SparseSummarizationPipeline(Pipeline):
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
         return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
 
-    def postprocess(self, model_outputs: dict[str, torch.Tensor]) -> dict[str, str]:
-        text = self.tokenizer.decode(model_outputs["output_ids"][0], skip_special_tokens=True)
-        return {"summary_text": text}
+    def postprocess(self, model_outputs: dict[str, torch.Tensor]) -> list[dict[str, str]]:
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        return [{"summary_text": text} for text in texts]
 
 
 PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=SparseSummarizationPipeline, pt_model=AutoModelForSeq2SeqLM)

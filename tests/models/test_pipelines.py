@@ -67,7 +67,11 @@ def test_sparse_summarization_pipeline_and_summarize_agree(model_type, tokenizer
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
     direct = attnzoo.summarize([text, text], loaded, tokenizer, **settings)
     assert direct[0] and direct[0] == direct[1]
-    assert from_pipeline == {"summary_text": direct[0]}
+    # transformers 4's `summarization` pipeline: a list per text, flattened for a list of texts.
+    assert from_pipeline == [{"summary_text": direct[0]}]
+    assert summarizer([text, text], **settings) == [{"summary_text": direct[0]}] * 2
+    two = summarizer(text, num_return_sequences=2, **settings)
+    assert len(two) == 2 and two[0] == {"summary_text": direct[0]}
 
 
 def test_summarize_refuses_silent_truncation(tokenizer):

@@ -210,6 +210,22 @@ def test_reads_headerless_ag_news_by_column_position(data_dir):
     assert [labels.count(i) for i in range(4)] == [137, 123, 119, 121]
 
 
+def test_column_positions_on_a_file_with_a_header_are_refused(data_dir):
+    # The header line would train as a review and add a class "label" (314 examples, 3 classes).
+    path = str(data_dir / "imdb" / "train.tsv")
+    with pytest.raises(ValueError, match=r"Line 1 of .* looks like a header row .* 'label' is not an integer"):
+        load_classification_splits(_classification(train_file=path, text_column="0", label_column="1"))
+
+
+def test_integer_labels_from_one_keep_their_ids_and_say_so(tmp_path, caplog):
+    path = tmp_path / "train.tsv"
+    path.write_text("good\t1\nbad\t2\nfine\t4\n", encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        data = load_classification_splits(_classification(train_file=str(path), text_column="0", label_column="1"))
+    assert data.label_names == ["0", "1", "2", "3", "4"]
+    assert "never occur in the data" in caplog.text and "[0, 3]" in caplog.text
+
+
 def test_reads_csv_quoted_imdb_with_header(data_dir):
     data = load_classification_splits(_classification(train_file=str(data_dir / "imdb" / "train.tsv")))
     labels = data.splits["train"]["label"]
@@ -322,6 +338,14 @@ def test_summarization_columns_are_checked(tmp_path):
         SummarizationDataArguments(train_file=str(path), text_column="body", summary_column="tldr")
     )
     assert splits["train"] == {"document": ["x"], "summary": ["y"]}
+    # One column given: the other comes from the known pair that agrees with it (was `KeyError: None`).
+    pair = tmp_path / "p.jsonl"
+    pair.write_text('{"article": "a", "highlights": "h", "abstract": "s"}\n', encoding="utf-8")
+    for given, summary in (({"text_column": "article"}, "h"), ({"summary_column": "abstract"}, "s")):
+        splits, _ = load_summarization_splits(SummarizationDataArguments(train_file=str(pair), **given))
+        assert splits["train"] == {"document": ["a"], "summary": [summary]}
+    with pytest.raises(ValueError, match="to go with `text_column=body`; pass"):
+        load_summarization_splits(SummarizationDataArguments(train_file=str(path), text_column="body"))
     empty = tmp_path / "e.jsonl"
     empty.write_text('{"document": "x", "summary": ""}\n{"document": "z", "summary": "w"}\n', encoding="utf-8")
     with pytest.raises(ValueError, match="empty or missing summary"):

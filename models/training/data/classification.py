@@ -6,12 +6,15 @@ classification data from local tables or JSON lines, or from the Hub.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .records import DataReport, _check_row, _column, _limit, _require_columns, _sample_key, read_records
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -139,8 +142,29 @@ def _label_names(raw: dict[str, list[dict]], task: GlueTask | None) -> list[str]
     values = sorted({str(r["label"]).strip() for r in source})
     if values and all(v.isdigit() for v in values):
         # Integer labels keep their ids (0..max), the usual encoding of IMDB / AG News exports.
-        return [str(i) for i in range(max(int(v) for v in values) + 1)]
+        ids = sorted(int(v) for v in values)
+        unseen = sorted(set(range(ids[-1] + 1)) - set(ids))
+        if unseen:
+            logger.warning(
+                "Integer labels keep their ids: the labels run from %d to %d, so the model gets %d classes, and "
+                "class(es) %s never occur in the data. Renumber the labels from 0 if that is not intended.",
+                ids[0], ids[-1], ids[-1] + 1, unseen,
+            )  # fmt: skip
+        return [str(i) for i in range(ids[-1] + 1)]
     return values
+
+
+def _refuse_header_as_data(path: str, records: list[dict], label_col: str) -> None:
+    """Columns given by position mean a table without a header row. A first row whose label is a word while every
+    other row's is an integer is a header read as data: it would train as an example and add a class."""
+    labels = [str(r.get(label_col)).strip() for r in records]
+    if len(labels) > 1 and not labels[0].isdigit() and all(v.isdigit() for v in labels[1:]):
+        first = {k: v for k, v in records[0].items() if k != "__line__"}
+        raise ValueError(
+            f"Line 1 of '{path}' looks like a header row ({first}): the columns were given by position, which "
+            f"reads every line as data, and its label {labels[0]!r} is not an integer like every other line's. "
+            "Name the columns (e.g. `--text_column text --label_column label`) or remove the header line."
+        )
 
 
 def _classification_from_file(path: str, args: Any, task: GlueTask | None, report: DataReport, split: str) -> list:
@@ -173,8 +197,11 @@ def _classification_from_file(path: str, args: Any, task: GlueTask | None, repor
         label_col = label_col if label_col is not None else _pick(available, ("label",))
         if text_col is None or label_col is None:
             _require_columns(path, available, [text_col or "text", label_col or "label"])
+    positional = isinstance(label_col, int)
     text_col, pair_col, label_col = (str(c) if c is not None else None for c in (text_col, pair_col, label_col))
     _require_columns(path, available, [text_col, pair_col, label_col])
+    if positional:
+        _refuse_header_as_data(path, records, label_col)
     fields = [c for c in (text_col, pair_col, label_col) if c is not None]
     rows, dropped = [], 0
     for record in records:

@@ -97,6 +97,36 @@ def _story_records(folder: Path, url_list: str | None) -> list[dict[str, Any]]:
     return records
 
 
+def summary_columns(
+    where: str, available: list[str], text_col: str | None, summary_col: str | None
+) -> tuple[str | None, str | None]:
+    """The (document, summary) columns: those given, and a missing one from a known pair ([`SUMMARY_COLUMNS`]) that
+    agrees with the one given.
+
+    Raises:
+        ValueError: a column is missing and no known pair in `available` agrees with the one given.
+    """
+    if text_col is not None and summary_col is not None:
+        return text_col, summary_col
+    pair = next(
+        (
+            (t, s)
+            for t, s in SUMMARY_COLUMNS
+            if t in available and s in available and text_col in (None, t) and summary_col in (None, s)
+        ),
+        None,
+    )
+    if pair is None:
+        given = {"text_column": text_col, "summary_column": summary_col}
+        said = ", ".join(f"`{k}={v}`" for k, v in given.items() if v is not None)
+        raise ValueError(
+            f"Cannot find document/summary columns in {where} (available: {', '.join(available)})"
+            + (f" to go with {said}" if said else "")
+            + "; pass `text_column` and `summary_column`."
+        )
+    return pair
+
+
 def _summarization_from_file(path: str, url_list: str | None, args: Any) -> tuple[list[dict], str]:
     source = Path(path)
     if source.is_dir() or source.suffix.lower() == ".story":
@@ -107,15 +137,7 @@ def _summarization_from_file(path: str, url_list: str | None, args: Any) -> tupl
     if url_list:
         raise ValueError("A URL list only applies to a folder of CNN/DailyMail .story files.")
     records, available = read_records(path, [])
-    text_col, summary_col = args.text_column, args.summary_column
-    if text_col is None and summary_col is None:
-        pair = next(((t, s) for t, s in SUMMARY_COLUMNS if t in available and s in available), None)
-        if pair is None:
-            raise ValueError(
-                f"Cannot find document/summary columns in '{path}' (available: {', '.join(available)}); pass "
-                "`text_column` and `summary_column`."
-            )
-        text_col, summary_col = pair
+    text_col, summary_col = summary_columns(f"'{path}'", available, args.text_column, args.summary_column)
     _require_columns(path, available, [text_col, summary_col])
     if (text_col, summary_col) == ("article_text", "abstract_text"):
         return read_cohan_jsonl(path), path
@@ -141,17 +163,10 @@ def load_summarization_splits(
             if split not in data:
                 continue
             table = data[split]
-            text_col, summary_col = args.text_column, args.summary_column
-            if text_col is None or summary_col is None:
-                pair = next(
-                    ((t, s) for t, s in SUMMARY_COLUMNS if t in table.column_names and s in table.column_names), None
-                )
-                if pair is None:
-                    raise ValueError(
-                        f"Cannot find document/summary columns in {args.dataset_name} (available: "
-                        f"{', '.join(table.column_names)}); pass `text_column` and `summary_column`."
-                    )
-                text_col, summary_col = pair
+            text_col, summary_col = summary_columns(
+                args.dataset_name, table.column_names, args.text_column, args.summary_column
+            )
+            _require_columns(f"{args.dataset_name}[{split}]", table.column_names, [text_col, summary_col])
             rows = [
                 {"document": _join(r[text_col], " "), "summary": _join(r[summary_col], "\n"), "__line__": i}
                 for i, r in enumerate(table)
