@@ -46,6 +46,7 @@ from transformers import (
 import attnzoo  # noqa: F401  (registers every family with the Auto classes)
 from attnzoo.training import (
     DataReport,
+    GenerationLengthCallback,
     ModelArguments,
     SummarizationDataArguments,
     build_model,
@@ -115,10 +116,12 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
             f"`max_source_length` ({data_args.max_source_length}) exceeds the model's `max_position_embeddings` "
             f"({config.max_position_embeddings})."
         )
-    longest_target = max(data_args.max_target_length, data_args.generation_max_new_tokens + 1)
+    # The decoder reads at most `max_target_length` positions in training (the shifted labels) and
+    # `generation_max_new_tokens` in generation (the start token and all generated tokens but the last).
+    longest_target = max(data_args.max_target_length, data_args.generation_max_new_tokens)
     if longest_target > config.decoder_max_position_embeddings:
         raise ValueError(
-            f"Targets of up to {longest_target} tokens (max_target_length / generation_max_new_tokens + 1) exceed "
+            f"Targets of up to {longest_target} tokens (max_target_length / generation_max_new_tokens) exceed "
             f"the model's `decoder_max_position_embeddings` ({config.decoder_max_position_embeddings})."
         )
     generation = model.generation_config
@@ -162,7 +165,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         compute_metrics=compute_metrics if training_args.predict_with_generate else None,
-        callbacks=list(callbacks),
+        callbacks=[GenerationLengthCallback(), *callbacks],
     )
     metrics = train_and_evaluate(
         trainer, train=train_dataset is not None, evaluate=eval_dataset is not None, checkpoint=checkpoint

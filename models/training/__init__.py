@@ -17,6 +17,7 @@ from .arguments import (
 )
 from .callbacks import (
     EpochSetterCallback,
+    GenerationLengthCallback,
     StopAtStepCallback,
     TimeLimitCallback,
     finish_run,
@@ -46,6 +47,7 @@ __all__ = [
     "ClassificationDataArguments",
     "DataReport",
     "EpochSetterCallback",
+    "GenerationLengthCallback",
     "GlueTask",
     "MLMCollator",
     "MLMDataArguments",

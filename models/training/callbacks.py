@@ -33,6 +33,26 @@ class EpochSetterCallback(TrainerCallback):
         self.collator.epoch = math.floor((state.epoch or 0.0) + 1e-6)
 
 
+class GenerationLengthCallback(TrainerCallback):
+    """
+    Keep a seq2seq model's generation length as `max_new_tokens` alone. `Seq2SeqTrainer`'s prediction step fills the
+    model's generation config with transformers' defaults (`max_length=20`); saved beside the run's
+    `max_new_tokens`, that made every later `generate()` of the checkpoint warn that both were set. Cleared after each
+    evaluation and prediction, before the checkpoint that follows is written.
+    """
+
+    def _clear(self, model: Any) -> None:
+        generation = getattr(model, "generation_config", None)
+        if generation is not None and generation.max_new_tokens is not None:
+            generation.max_length = None
+
+    def on_evaluate(self, args, state, control, model=None, **kwargs):
+        self._clear(model)
+
+    def on_predict(self, args, state, control, model=None, **kwargs):
+        self._clear(model)
+
+
 class StopAtStepCallback(TrainerCallback):
     """
     Stop training after global step `step` (after that step's checkpoint is written): splits a long run into

@@ -38,7 +38,8 @@ def build_model(
     Args:
         auto_class: e.g. `AutoModelForMaskedLM`.
         model_args: a `ModelArguments`.
-        tokenizer: the run's tokenizer (its size must fit the model's vocabulary).
+        tokenizer: the run's tokenizer (its size must fit the model's vocabulary); its `model_max_length` is set to
+            the model's `max_position_embeddings`.
         task_fields: config fields of the task (`num_labels`, `id2label`, `problem_type`, ...).
 
     Returns:
@@ -83,6 +84,9 @@ def build_model(
             f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {model.config.vocab_size}; "
             "use the tokenizer the checkpoint was trained with."
         )
+    # Saved beside the checkpoint: `truncation=True` (pipelines included) then cuts at what the model reads, not at
+    # the tokenizer's default 512 (a 1,024-token classifier read 512 tokens through its pipeline).
+    tokenizer.model_max_length = model.config.max_position_embeddings
     n_params = sum(p.numel() for p in model.parameters())
     info["parameters"] = n_params
     logger.info("Model %s (%s, %.2fM parameters)", type(model).__name__, info["init"], n_params / 1e6)

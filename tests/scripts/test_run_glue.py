@@ -50,7 +50,10 @@ def test_run_glue_sst2_smoke_for_every_family(tmp_path, data_dir, load_script, q
 def test_run_glue_writes_the_final_evaluation_predictions(tmp_path, data_dir, load_script, quiet_args):
     argv = [*_sst2(data_dir, eval_samples=24), *quiet_args, "--config_path", TINY, "--max_steps", "3"]
     argv += ["--save_strategy", "no", "--eval_strategy", "steps", "--eval_steps", "1"]
+    argv += ["--config_overrides", "max_position_embeddings=64"]
     result = load_script("run_glue").main([*argv, "--output_dir", str(tmp_path)])
+    # The saved tokenizer truncates (`truncation=True`, pipelines) at what the model reads, not at its default 512.
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] == 64
     lines = (tmp_path / "eval_predictions.tsv").read_text().splitlines()
     assert lines[0] == "index\tlabel\tprediction"
     rows = [line.split("\t") for line in lines[1:]]

@@ -38,7 +38,10 @@ def _tiny_run(quiet_args, source: int = 128) -> list[str]:
 
 
 def test_run_summarization_cnndm_stories_smoke(tmp_path, data_dir, load_script, quiet_args):
+    # An evaluation during training too: Seq2SeqTrainer's prediction step put `max_length=20` into the saved
+    # generation config, beside `max_new_tokens`.
     argv = [*_cnndm(data_dir), *_tiny_run(quiet_args), "--max_steps", "2", "--num_beams", "2"]
+    argv += ["--eval_strategy", "steps", "--eval_steps", "1"]
     result = load_script("run_summarization").main(
         [*argv, "--no_repeat_ngram_size", "2", "--output_dir", str(tmp_path)]
     )
@@ -52,6 +55,7 @@ def test_run_summarization_cnndm_stories_smoke(tmp_path, data_dir, load_script, 
     assert len((tmp_path / "generated_predictions.txt").read_text().splitlines()) == 2
     generation = json.loads((tmp_path / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["no_repeat_ngram_size"], generation["max_new_tokens"]) == (2, 2, 8)
+    assert generation.get("max_length") is None
 
 
 def test_run_summarization_pubmed_cohan_format_smoke(tmp_path, data_dir, load_script, quiet_args):
@@ -61,8 +65,11 @@ def test_run_summarization_pubmed_cohan_format_smoke(tmp_path, data_dir, load_sc
         "--validation_file",
         str(data_dir / "pubmed/validation.txt"),
     ]
+    # The defaults' lengths (128) fill the tiny decoder's 128 positions exactly, in training and in generation (the
+    # last generated token is never read back).
+    argv += ["--max_target_length", "128", "--generation_max_new_tokens", "128"]
     result = load_script("run_summarization").main(
-        [*argv, *_tiny_run(quiet_args), "--max_steps", "1", "--output_dir", str(tmp_path)]
+        [*_tiny_run(quiet_args), *argv, "--max_steps", "1", "--output_dir", str(tmp_path)]
     )
     assert result["data"]["train_examples"] == 8
     assert "eval_rougeLsum" in result["metrics"]
