@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -27,6 +28,8 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from .story_format import story_parts
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -231,6 +234,7 @@ def _prepare_reader(path: Path, text_column: str | int | None) -> Any:
         raise ValueError(f"'{path}' is not a file.")
     suffix = path.suffix.lower()
     if suffix == ".txt":
+        _warn_if_json_lines(path)
         return lambda: _read_txt(path)
     if suffix == ".story":
         return lambda: _read_story(path)
@@ -249,6 +253,22 @@ def _prepare_reader(path: Path, text_column: str | int | None) -> Any:
     raise ValueError(
         f"Unsupported file extension '{path.suffix}' for '{path}'; expected one of {', '.join(SUPPORTED_EXTENSIONS)}."
     )
+
+
+def _warn_if_json_lines(path: Path) -> None:
+    """A `.txt` file is one text per line; one whose first line is a JSON object (e.g. PubMed in Cohan et al.'s
+    format) would be learnt with its JSON syntax and field names."""
+    first = next(_read_txt(path), "")
+    try:
+        is_object = isinstance(json.loads(first), dict)
+    except ValueError:
+        is_object = False
+    if is_object:
+        logger.warning(
+            "'%s' is read as plain text, one text per line, but its first line is a JSON object: its JSON syntax "
+            "and field names become text. Name the file .jsonl (with `text_column`) to read one field.",
+            path,
+        )
 
 
 def _read_txt(path: Path) -> Iterator[str]:

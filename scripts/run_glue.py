@@ -14,7 +14,7 @@ python scripts/run_glue.py --task_name sst2 --config_path configs/models/dense/t
 python scripts/run_glue.py --task_name mnli --model_name_or_path out/mlm --output_dir out/mnli
 
 # AG News (no header: text in column 0, label in column 1) as a long-document classification task
-python scripts/run_glue.py configs/train/smart_bird_classification.yaml
+python scripts/run_glue.py configs/train/smart_bird_classification_imdb.yaml
 ```
 Metrics (official GLUE definitions: accuracy, F1, Matthews correlation, Pearson/Spearman) go to
 `output_dir/metrics.json`, the final evaluation's per-example predictions to `output_dir/eval_predictions.tsv`

@@ -14,7 +14,7 @@ python scripts/run_mlm.py --config_path configs/models/dense/tiny.json --tokeniz
     --max_seq_length 128 --max_steps 200 --output_dir out/mlm
 
 # Warm start: continue a dense checkpoint as a sparse family at 4096 tokens (a recipe, plus overrides)
-python scripts/run_mlm.py configs/train/mlm_long_context.yaml --model_name_or_path out/mlm
+python scripts/run_mlm.py configs/train/mlm_long_context_warm_start.yaml --model_name_or_path out/mlm
 ```
 Outputs in `output_dir`: checkpoints, the final model and tokenizer, `metrics.json`, `log_history.json` and
 `training_curves.png`.

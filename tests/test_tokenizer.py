@@ -202,6 +202,18 @@ def test_txt_reader_yields_stripped_non_blank_lines(tmp_path):
     assert list(iter_texts_from_files(path)) == ["first line", "second line"]
 
 
+def test_a_txt_file_of_json_lines_is_read_as_text_with_a_warning(tmp_path, caplog):
+    # The bundled PubMed file is JSON lines named .txt: a tokenizer learnt its braces and field names silently.
+    path = _write(tmp_path / "pubmed.txt", '{"article_text": ["a b"]}\n{"article_text": ["c"]}\n')
+    plain = _write(tmp_path / "plain.txt", "{ not json\nsecond\n")
+    with caplog.at_level("WARNING", logger="attnzoo.tokenization"):
+        assert list(iter_texts_from_files(path))[0] == '{"article_text": ["a b"]}'
+        assert "its first line is a JSON object" in caplog.text
+        caplog.clear()
+        assert list(iter_texts_from_files(plain)) == ["{ not json", "second"]
+        assert caplog.text == ""
+
+
 def test_files_are_read_in_order(tmp_path):
     first = _write(tmp_path / "a.txt", "one\n")
     second = _write(tmp_path / "b.txt", "two\n")

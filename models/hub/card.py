@@ -123,7 +123,8 @@ class CardInfo:
         task_type (`str`): Hub task id of the results and the pipeline tag (`"text-classification"`).
         dataset_name (`str`): pretty name of the evaluation data set (`"GLUE SST-2"`).
         metrics ([`RunMetrics`]): results and run information.
-        dataset_id (`str`, *optional*): Hub data set id (`"nyu-mll/glue"`); also listed under `datasets`.
+        dataset_id (`str`, *optional*): Hub data set id (`"nyu-mll/glue"`); also listed under `datasets`. The
+            results enter the YAML `model-index` only with it (the Hub reads the index's data set as an id).
         dataset_config (`str`, *optional*): data set configuration (`"sst2"`).
         license (`str`, defaults to `"apache-2.0"`): licence of the weights.
         language (`str`, *optional*): language code of the training data.
@@ -198,11 +199,12 @@ def card_data(info: CardInfo, method_meta: dict[str, Any] | None = None) -> Mode
     method_meta = dict(method_meta or {})
     tags = ["attnzoo", "sparse-attention", info.family_name, info.model_type]
     tags += [tag for tag in method_meta.pop("tags", []) or [] if tag not in tags]
-    dataset_type = info.dataset_id or info.dataset_name
+    # The Hub reads a model-index data set as a data set id: without one the results stay in the card's table only
+    # (a display name there would point to a data set that does not exist).
     eval_results = [
         EvalResult(
             task_type=info.task_type,
-            dataset_type=dataset_type,
+            dataset_type=info.dataset_id,
             dataset_name=info.dataset_name,
             dataset_config=info.dataset_config,
             dataset_split=result.split,
@@ -211,6 +213,7 @@ def card_data(info: CardInfo, method_meta: dict[str, Any] | None = None) -> Mode
             metric_value=result.value,
         )
         for result in info.metrics.results
+        if info.dataset_id
     ]
     fields = {
         "license": info.license,
@@ -222,7 +225,7 @@ def card_data(info: CardInfo, method_meta: dict[str, Any] | None = None) -> Mode
         "metrics": list(dict.fromkeys(result.metric for result in info.metrics.results)),
         "base_model": info.base_model,
         "model_name": info.name,
-        "eval_results": eval_results,
+        "eval_results": eval_results or None,
     }
     # The method text may add metadata (e.g. `arxiv`), never override what the run determines.
     extras = {key: value for key, value in method_meta.items() if key not in fields and key != "model-index"}

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
 from ..core.configuration import ZooConfig
 from ..registry import FAMILIES, Family
 from .card import CardError, CardInfo, load_metrics, render_model_card
@@ -206,6 +209,10 @@ def assemble(options: PublishOptions) -> Assembled:
         [`PublishError`]: missing weights or tokenizer, an unknown model type, a card without results, ...
     """
     checkpoint, output = Path(options.checkpoint), Path(options.output_dir)
+    try:
+        validate_repo_id(options.repo_id)  # it is written into the card's loading examples
+    except HFValidationError as err:
+        raise PublishError(f"`repo_id` {options.repo_id!r} is not a Hub repository id: {err}") from err
     if not (checkpoint / "config.json").is_file():
         raise PublishError(f"{checkpoint} is not a checkpoint folder: it has no config.json.")
     config_dict = _read_json(checkpoint / "config.json")

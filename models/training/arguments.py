@@ -73,6 +73,7 @@ class ModelArguments:
     )
 
     def __post_init__(self) -> None:
+        _unset_empty_strings(self, ("config_path", "model_name_or_path", "tokenizer_name_or_path", "family"))
         if self.config_path is None and self.model_name_or_path is None:
             raise ValueError("Give `config_path` (a fresh model), `model_name_or_path` (a checkpoint), or both.")
         if self.family is not None:
@@ -96,6 +97,13 @@ class ModelArguments:
             self.tokenizer_name_or_path = self.model_name_or_path
 
 
+def _unset_empty_strings(arguments: Any, names: tuple[str, ...]) -> None:
+    """An empty string (e.g. `--config_path ""` over a recipe's) means "not given"."""
+    for name in names:
+        if getattr(arguments, name) == "":
+            setattr(arguments, name, None)
+
+
 @dataclass
 class _SourceArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset name (needs network)."})
@@ -110,10 +118,7 @@ class _SourceArguments:
     )
 
     def _check_source(self) -> None:
-        # An empty string (e.g. `--dataset_name ""` over a recipe) means "not given".
-        for name in ("dataset_name", "dataset_config_name", "train_file", "validation_file"):
-            if getattr(self, name) == "":
-                setattr(self, name, None)
+        _unset_empty_strings(self, ("dataset_name", "dataset_config_name", "train_file", "validation_file"))
         if self.dataset_name is None and self.train_file is None and self.validation_file is None:
             raise ValueError("Give a `dataset_name` or local `train_file` / `validation_file`.")
         if self.dataset_name is not None and (self.train_file or self.validation_file):

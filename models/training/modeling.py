@@ -63,6 +63,7 @@ def build_model(
             info["init"] = "scratch"
         else:
             check_positions_kept(source, config.position_embedding_type)
+            check_shapes_kept(source, config)
             model, loading = auto_class.from_pretrained(
                 model_args.model_name_or_path, config=config, cache_dir=model_args.cache_dir, output_loading_info=True
             )
@@ -91,6 +92,28 @@ def build_model(
     info["parameters"] = n_params
     logger.info("Model %s (%s, %.2fM parameters)", type(model).__name__, info["init"], n_params / 1e6)
     return model, info
+
+
+def check_shapes_kept(source: Any, config: Any) -> None:
+    """Refuse a warm start whose shared weights differ in shape (transformers would stop with a traceback).
+
+    The checkpoint loads name for name into `config`'s architecture: its width, feed-forward size, token types and a
+    learned position table must be the ones `config_path` asks for; depth may differ (missing layers start fresh).
+    """
+    fields = ["hidden_size", "intermediate_size", "type_vocab_size"]
+    if config.position_embedding_type == "absolute":
+        fields.append("max_position_embeddings")  # the learned table's rows
+    differ = [
+        f"{name} {getattr(source, name, None)} (checkpoint) vs {getattr(config, name)} (config_path)"
+        for name in fields
+        if getattr(source, name, None) != getattr(config, name)
+    ]
+    if differ:
+        raise ValueError(
+            "A warm start loads the checkpoint's weights name for name, so their shapes must match: "
+            f"{'; '.join(differ)}. Use a config_path of the checkpoint's sizes (or convert_checkpoint.py to change "
+            "the length)."
+        )
 
 
 def check_positions_kept(source: Any, position_embedding_type: str) -> None:

@@ -30,6 +30,15 @@ def test_command_converts_prints_and_saves_the_report(tmp_path, source_checkpoin
     assert model.config.num_samples == 5 and model.config.max_position_embeddings == 96
 
 
+def test_a_misspelt_override_field_is_one_line_not_a_traceback(tmp_path, source_checkpoint, script, capsys):
+    folder, _ = source_checkpoint("RobertaForMaskedLM")
+    argv = ["--model_name_or_path", str(folder), "--family", "smart_bird", "--max_position_embeddings", "96"]
+    capsys.readouterr()
+    assert script.main([*argv, "--output_dir", str(tmp_path / "out"), "--config_overrides", "num_sample=5"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: Unknown config field(s) num_sample for SmartBirdConfig") and error.count("\n") == 1
+
+
 def test_gpt2_folder_is_refused_with_a_message_not_a_traceback(tmp_path, script, capsys):
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")

@@ -91,6 +91,17 @@ def test_rendered_card_metadata_parses_and_carries_the_results(family, tmp_path)
     assert "{{ " not in text and "{%" not in text  # every template variable was filled (BibTeX may use "{{")
 
 
+def test_without_a_dataset_id_the_results_stay_out_of_the_model_index(tmp_path):
+    # The display name went into the index's data set `type`, which the Hub reads as an id ("CNN/DailyMail").
+    family = attnzoo.FAMILIES["dense_transformer"]
+    metrics = parse_metrics({"metrics": {"eval_rouge1": 38.2}})
+    render_model_card(_info(family, metrics, dataset_id=None), CARD_DIR).save(tmp_path / "README.md")
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.eval_results is None and "model-index" not in card.content
+    assert card.data.datasets is None
+    assert "| validation | ROUGE-1 | 38.2 |" in card.text
+
+
 def test_a_card_without_results_is_refused():
     family = attnzoo.FAMILIES["dense_transformer"]
     with pytest.raises(CardError, match="no results"):

@@ -253,6 +253,13 @@ def test_publish_refuses_clear_mistakes(publish_main, dense_checkpoint, tmp_path
     assert not output.exists() or not any(output.iterdir())
 
 
+def test_publish_refuses_a_repo_id_the_hub_would_refuse(publish_main, dense_checkpoint, tmp_path, capsys, no_hub):
+    # It was written into the card's loading examples, and only the upload would have refused it.
+    assert publish_main(_argv(dense_checkpoint, tmp_path / "out", "--repo_id", "not a repo")) == 2
+    assert "`repo_id` 'not a repo' is not a Hub repository id" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_publish_refuses_a_non_empty_output_folder(publish_main, dense_checkpoint, tmp_path, capsys, no_hub):
     output = tmp_path / "out"
     output.mkdir()

@@ -4,6 +4,7 @@ construction and warm starts across families."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -438,6 +439,13 @@ def test_bad_model_arguments_are_clear_errors(tokenizer):
         build_model(AutoModelForMaskedLM, args, tokenizer)
 
 
+def test_an_empty_config_path_clears_a_recipes_so_family_can_convert():
+    # `--config_path ""` over a recipe (every bundled one sets it) was refused as "family and config_path".
+    given = {"model_name_or_path": "bert", "family": "sbm", "max_position_embeddings": 1024}
+    args = ModelArguments(config_path="", tokenizer_name_or_path="", **given)
+    assert (args.config_path, args.family, args.tokenizer_name_or_path) == (None, "sbm", "bert")
+
+
 def test_fresh_model_takes_vocabulary_and_overrides(tokenizer):
     args = ModelArguments(
         config_path=str(REPO_ROOT / "configs/models/dense/tiny.json"),
@@ -472,6 +480,24 @@ def test_warm_start_loads_a_dense_checkpoint_name_for_name(tmp_path, tokenizer, 
     # The report lists exactly the method's own new parameters (none of the shared layout).
     assert set(info["missing_keys"]) == {k for k, _ in model.named_parameters()} - set(saved)
     assert info["unexpected_keys"] == [] and info["mismatched_keys"] == []
+
+
+def test_warm_start_into_other_sizes_names_them(tmp_path, tokenizer):
+    # transformers stopped with a traceback about `ignore_mismatched_sizes` after a 30-row mismatch report.
+    dense_args = ModelArguments(
+        config_path=str(REPO_ROOT / "configs/models/dense/tiny.json"), tokenizer_name_or_path="x"
+    )
+    dense, _ = build_model(AutoModelForMaskedLM, dense_args, tokenizer)
+    dense.save_pretrained(tmp_path / "dense")
+    wider = ModelArguments(
+        config_path=str(REPO_ROOT / "configs/models/sbm/small.json"),
+        model_name_or_path=str(tmp_path / "dense"),
+        tokenizer_name_or_path="x",
+    )
+    small = attnzoo.SBMConfig.from_pretrained(wider.config_path)
+    expected = f"hidden_size {dense.config.hidden_size} (checkpoint) vs {small.hidden_size} (config_path)"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        build_model(AutoModelForMaskedLM, wider, tokenizer)
 
 
 def test_a_checkpoint_keeps_its_position_type(tmp_path, tokenizer):
