@@ -89,10 +89,13 @@ class SparseSummarizationPipeline(Pipeline):
         return _encode(self.tokenizer, [inputs], self.model, truncation)
 
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)  # (texts * sequences, L)
+        texts = model_inputs["input_ids"].shape[0]
+        # (texts, sequences, L): the pipeline splits a batch along its first dimension, one text each.
+        return {"output_ids": output_ids.reshape(texts, -1, output_ids.shape[-1])}
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor]) -> list[dict[str, str]]:
-        texts = self.tokenizer.batch_decode(model_outputs["output_ids"], skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(model_outputs["output_ids"][0], skip_special_tokens=True)
         return [{"summary_text": text} for text in texts]
 
 

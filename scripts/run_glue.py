@@ -13,7 +13,11 @@ python scripts/run_glue.py --task_name sst2 --config_path configs/models/dense/t
 # MNLI from the Hub (network), fine-tuning an MLM checkpoint
 python scripts/run_glue.py --task_name mnli --model_name_or_path out/mlm --output_dir out/mnli
 
-# AG News (no header: text in column 0, label in column 1) as a long-document classification task
+# AG News from a local file without a header (text in column 0, label in column 1)
+python scripts/run_glue.py --config_path configs/models/smart_bird/tiny.json --tokenizer_name_or_path out/tokenizer \
+    --train_file tests/fixtures/data/agnews/train.tsv --text_column 0 --label_column 1 --output_dir out/agnews
+
+# Smart Bird's IMDB protocol (long documents; Hub data set, network)
 python scripts/run_glue.py configs/train/smart_bird_classification_imdb.yaml
 ```
 Metrics (official GLUE definitions: accuracy, F1, Matthews correlation, Pearson/Spearman) go to

@@ -13,9 +13,12 @@ python scripts/run_mlm.py --config_path configs/models/dense/tiny.json --tokeniz
     --validation_file tests/fixtures/data/text/wikitext_valid.txt \
     --max_seq_length 128 --max_steps 200 --output_dir out/mlm
 
-# Warm start: continue a dense checkpoint as a sparse family at 4096 tokens (a recipe, plus overrides)
-python scripts/run_mlm.py configs/train/mlm_long_context_warm_start.yaml --model_name_or_path out/mlm
+# Warm start: the dense checkpoint above into a sparse family of the same size (name-for-name load)
+python scripts/run_mlm.py --model_name_or_path out/mlm --config_path configs/models/sbm/tiny.json \
+    --train_file tests/fixtures/data/text/wikitext_train.txt --max_seq_length 128 --max_steps 200 \
+    --output_dir out/mlm-sbm
 ```
+A recipe continues a small dense checkpoint at 4096 tokens: `configs/train/mlm_long_context_warm_start.yaml`.
 Outputs in `output_dir`: checkpoints, the final model and tokenizer, `metrics.json`, `log_history.json` and
 `training_curves.png`.
 """

@@ -90,9 +90,7 @@ class Embeddings(nn.Module):
         self.type_vocab_size = config.type_vocab_size
         self.max_positions = config.max_position_embeddings
 
-    def check_inputs(
-        self, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None, length: int
-    ) -> None:
+    def check_ids(self, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None, length: int) -> None:
         """Explicit `position_ids` and `token_type_ids` must index their tables (a `ValueError` naming them, not an
         `IndexError`). The encoder checks them before anything reads them (Smart Bird's sketch reads the positions)."""
         if position_ids is not None:
@@ -112,7 +110,7 @@ class Embeddings(nn.Module):
         position_ids: torch.Tensor | None,
         inputs_embeds: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Embed the inputs; `position_ids` and `token_type_ids` are checked by [`check_inputs`] first."""
+        """Embed the inputs; `position_ids` and `token_type_ids` are checked by [`check_ids`] first."""
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
         length = inputs_embeds.shape[1]
@@ -166,7 +164,7 @@ class Encoder(nn.Module):
             input_ids, inputs_embeds, self.config.max_position_embeddings, "max_position_embeddings"
         )
         check_token_ids(input_ids, self.config.vocab_size)
-        self.embeddings.check_inputs(token_type_ids, position_ids, length)
+        self.embeddings.check_ids(token_type_ids, position_ids, length)
         key_valid = key_valid_from_attention_mask(attention_mask, batch, length)
         extra_aux_loss = self.prepare_layers(input_ids, inputs_embeds, position_ids, key_valid)
         hidden_states = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)

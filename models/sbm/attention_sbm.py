@@ -341,9 +341,9 @@ class SBMAttention(ZooAttention):
             probs = (q_memb @ blocks) @ k_memb.transpose(-1, -2)  # (B, H, n, m)
             with torch.no_grad():
                 law, law_delta = probs.detach(), delta
-                if not self.training and cfg.sampling_backend == "fastrg":
-                    # A model trained with fastRG is evaluated under its law: merged Poisson counts make a pair
-                    # present with probability 1 - exp(-(p + δ)), not p + δ.
+                if sampling and not self.training and cfg.sampling_backend == "fastrg":
+                    # A decoder site of a model trained with fastRG samples under its law in eval: merged Poisson
+                    # counts make a pair present with probability 1 - exp(-(p + δ)), not p + δ.
                     law, law_delta = -torch.expm1(-(law + delta)), 0.0
                 blocked, sampled = self.sample_dense(law, law_delta, allowed, offset, sampling)
                 row_counts = m - blocked.sum(-1)  # (B, H, n) attended keys per query

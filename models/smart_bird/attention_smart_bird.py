@@ -100,8 +100,10 @@ class SmartBirdAttention(ZooAttention):
             idx, valid = append_global_slots(idx, valid, key_valid, g, as_set=True)  # (B, H, N, K + g)
         density = self._density(valid, key_valid)
         if output_attentions:
-            # Selected keys are distinct per row, so the dense mask holds exactly the sampled pattern.
-            mask = torch.zeros(*q.shape[:3], k.shape[2], dtype=torch.bool, device=q.device).scatter_(3, idx, valid)
+            # Valid keys are distinct per row; unused slots (valid False) may repeat one of them, so their writes are
+            # added, never overwrite a sampled key.
+            counts = torch.zeros(*q.shape[:3], k.shape[2], dtype=torch.int32, device=q.device)
+            mask = counts.scatter_add_(3, idx, valid.to(torch.int32)) > 0
             out = self.dense_reference(q, k, v, mask, output_attentions)
             out.density = density
             return out

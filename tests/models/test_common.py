@@ -145,8 +145,8 @@ def test_padding_tokens_never_change_outputs_at_real_positions(model_type, head)
 
 @pytest.mark.parametrize(("model_type", "head"), CASES)
 def test_an_example_gives_the_same_outputs_alone_and_padded_in_a_batch(model_type, head):
-    # Batched inference must not change an example's prediction: the sampled attentions (Smart Bird, SBM) draw an
-    # example's eval graph from its own tokens, not from the batch or its padded length.
+    # Batched inference must not change an example's prediction: Smart Bird draws an example's eval keys from its
+    # own tokens, not from the batch or its padded length (SBM's fastRG backend: tests/sbm).
     model = tiny_model(model_type, head).eval()
     inputs = make_inputs(model.config, head)  # the second example is padded from PAD_FROM
     alone = {key: value[1:] if key == "decoder_input_ids" else value[1:, :PAD_FROM] for key, value in inputs.items()}

@@ -72,6 +72,11 @@ def test_sparse_summarization_pipeline_and_summarize_agree(model_type, tokenizer
     assert summarizer([text, text], **settings) == [{"summary_text": direct[0]}] * 2
     two = summarizer(text, num_return_sequences=2, **settings)
     assert len(two) == 2 and two[0] == {"summary_text": direct[0]}
+    # Batched, each text keeps its own sequences (a batch's were all given to its first text).
+    other = "he was born in the city of york in 1990 and played football ."
+    unbatched = summarizer([text, other], num_return_sequences=2, **settings)
+    assert summarizer([text, other], batch_size=2, num_return_sequences=2, **settings) == unbatched
+    assert unbatched[0] == two and len(unbatched[1]) == 2
 
 
 def test_summarize_refuses_silent_truncation(tokenizer):

@@ -589,6 +589,23 @@ def test_decoding_under_fastrg_is_the_same_with_and_without_cache_and_padding(ov
     assert torch.equal(generated[:1], alone)
 
 
+def test_most_likely_graph_keeps_its_threshold_under_fastrg():
+    # `sample_at_eval=False` attends to the pairs with p + δ >= 0.5 whatever the backend (fastRG's law is for the
+    # sampled decoder graphs only).
+    torch.manual_seed(0)
+    # Varied probabilities, on both sides of 0.5 and ln 2 (an untrained model's are all about equal).
+    fields = {"sample_at_eval": False, "membership_logit_bias": 2.0, "initializer_range": 1.0}
+    bernoulli = SBMForSequenceClassification(make_config(**fields)).eval()
+    fastrg = SBMForSequenceClassification(make_config(sampling_backend="fastrg", **fields)).eval()
+    fastrg.load_state_dict(bernoulli.state_dict())
+    ids, mask = _padded_pair()
+    with torch.no_grad():
+        expected, out = bernoulli(input_ids=ids, attention_mask=mask), fastrg(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(out.logits, expected.logits, rtol=0, atol=0)
+    torch.testing.assert_close(out.attention_density, expected.attention_density, rtol=0, atol=0)
+    assert 0.05 < expected.attention_density.mean() < 0.95
+
+
 def test_decoder_sites_can_fall_back_to_dense():
     model = SBMForConditionalGeneration(make_config(sbm_in_decoder=False, sbm_in_cross_attention=False))
     layer = model.model.decoder.layers[0]

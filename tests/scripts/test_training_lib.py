@@ -218,6 +218,15 @@ def test_column_positions_on_a_file_with_a_header_are_refused(data_dir):
         load_classification_splits(_classification(train_file=path, text_column="0", label_column="1"))
 
 
+def test_an_empty_first_label_is_an_empty_row_not_a_header(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("no label\t\ngood\t1\nbad\t0\n", encoding="utf-8")
+    given = {"train_file": str(path), "text_column": "0", "label_column": "1", "skip_empty_rows": True}
+    data = load_classification_splits(_classification(**given))
+    assert data.splits["train"]["text"] == ["good", "bad"]
+    assert data.report.counts["train_dropped_empty_rows"] == 1
+
+
 def test_integer_labels_from_one_keep_their_ids_and_say_so(tmp_path, caplog):
     path = tmp_path / "train.tsv"
     path.write_text("good\t1\nbad\t2\nfine\t4\n", encoding="utf-8")

@@ -365,3 +365,21 @@ def test_pca_initialisation_projects_embeddings_on_their_principal_axes():
     centred = weight - weight.mean(0)
     top = torch.linalg.svdvals(centred)[:4] ** 2 / (weight.shape[0] - 1)
     torch.testing.assert_close(variances, top, rtol=1e-4, atol=1e-6)
+
+
+def test_eval_attention_weights_of_an_example_shorter_than_k_in_a_batch_equal_the_fast_path():
+    # Its unused slots point at key 0 (valid False); building the dense mask with `scatter_` let them erase a key 0
+    # that was sampled, so `output_attentions=True` attended differently from the fast path (by 1e-2).
+    torch.manual_seed(0)
+    model = SmartBirdModel(tiny_config(num_samples=20)).eval()
+    ids = torch.randint(5, 200, (2, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    ids[1, 8:], mask[1, 8:] = 0, 0  # 8 real tokens: fewer than K = 20
+    with torch.no_grad():
+        fast = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        alone = model(input_ids=ids[1:, :8], output_attentions=True)
+    torch.testing.assert_close(out.last_hidden_state[:, :8], fast[:, :8], rtol=1e-5, atol=1e-6)
+    for batched, single in zip(out.attentions, alone.attentions, strict=True):
+        torch.testing.assert_close(batched[1, :, :8, :8], single[0], rtol=1e-5, atol=1e-6)
+        assert torch.all((batched[1, :, :8, :8] > 0).sum(-1) == 8)  # fewer real keys than K: every one attended

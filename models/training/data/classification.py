@@ -157,12 +157,14 @@ def _label_names(raw: dict[str, list[dict]], task: GlueTask | None) -> list[str]
 def _refuse_header_as_data(path: str, records: list[dict], label_col: str) -> None:
     """Columns given by position mean a table without a header row. A first row whose label is a word while every
     other row's is an integer is a header read as data: it would train as an example and add a class."""
-    labels = [str(r.get(label_col)).strip() for r in records]
-    if len(labels) > 1 and not labels[0].isdigit() and all(v.isdigit() for v in labels[1:]):
-        first = {k: v for k, v in records[0].items() if k != "__line__"}
+    first = str(records[0].get(label_col) or "").strip() if records else ""
+    # Empty labels are empty rows (`skip_empty_rows` decides about them), not a header.
+    others = [label for label in (str(r.get(label_col) or "").strip() for r in records[1:]) if label]
+    if first and not first.isdigit() and others and all(label.isdigit() for label in others):
+        row = {k: v for k, v in records[0].items() if k != "__line__"}
         raise ValueError(
-            f"Line 1 of '{path}' looks like a header row ({first}): the columns were given by position, which "
-            f"reads every line as data, and its label {labels[0]!r} is not an integer like every other line's. "
+            f"Line 1 of '{path}' looks like a header row ({row}): the columns were given by position, which "
+            f"reads every line as data, and its label {first!r} is not an integer like every other line's. "
             "Name the columns (e.g. `--text_column text --label_column label`) or remove the header line."
         )
 
