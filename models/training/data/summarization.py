@@ -99,7 +99,7 @@ def _story_records(folder: Path, url_list: str | None) -> list[dict[str, Any]]:
 
 def summary_columns(
     where: str, available: list[str], text_col: str | None, summary_col: str | None
-) -> tuple[str | None, str | None]:
+) -> tuple[str, str]:
     """The (document, summary) columns: those given, and a missing one from a known pair ([`SUMMARY_COLUMNS`]) that
     agrees with the one given.
 
