@@ -14,7 +14,7 @@ from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from ..kernels import dense_masked_attention
-from .attention_interface import interface_attention
+from .attention_interface import implementation_of, interface_attention, takes_causal_flag
 from .configuration import ZooConfig
 from .global_tokens import global_count, global_query_rows, splice_rows
 from .masking import attention_bool_mask
@@ -278,9 +278,11 @@ class DenseAttention(ZooAttention):
 
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
         reference = output_attentions or self.config.attention_backend == "reference"
-        # The reference kernel has no causal flag: without padding, causality must still be in its mask.
+        # A kernel without a causal flag (the reference one, eager, flex, registered ones) reads causality from the
+        # mask, also without padding.
+        causal_flag = not reference and takes_causal_flag(implementation_of(self))
         mask = attention_bool_mask(
-            key_valid, q.shape[2], k.shape[2], self.is_causal, query_offset, q.device, kernel_is_causal=not reference
+            key_valid, q.shape[2], k.shape[2], self.is_causal, query_offset, q.device, kernel_is_causal=causal_flag
         )
         if reference:
             return self.dense_reference(q, k, v, mask, output_attentions)

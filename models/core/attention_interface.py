@@ -18,8 +18,6 @@ from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .masking import causal_bool_mask
-
 #: what a config without a model (a bare `ZooConfig`) runs: the implementation transformers picks by default
 DEFAULT_IMPLEMENTATION = "sdpa"
 
@@ -61,6 +59,12 @@ def implementation_of(module: nn.Module) -> str:
     return getattr(module.config, "_attn_implementation", None) or DEFAULT_IMPLEMENTATION
 
 
+def takes_causal_flag(implementation: str) -> bool:
+    """Whether the kernel of `implementation` applies causality itself (SDPA's and flash attention's `is_causal`);
+    the others read it from the mask."""
+    return implementation == "sdpa" or implementation.startswith("flash_attention")
+
+
 def interface_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -76,7 +80,8 @@ def interface_attention(
         query, key, value (`torch.Tensor` of shape `(B, H, N, d)`): head-split inputs.
         key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): real keys (`None`: all real).
         mask (`torch.BoolTensor` broadcastable to `(B, 1, Nq, Nk)`, *optional*): the full boolean mask (padding and
-            causality, see `attention_bool_mask`); `None` when nothing is masked beyond the aligned causal flag.
+            causality, see `attention_bool_mask`); `None` when nothing is masked beyond the aligned causal flag,
+            which only a kernel that [`takes_causal_flag`] may leave out of the mask.
 
     Returns:
         `torch.Tensor` of shape `(B, H, Nq, d)`.
@@ -84,9 +89,6 @@ def interface_attention(
     implementation = implementation_of(module)
     function = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     causal = module.is_causal and query.shape[2] > 1
-    if causal and mask is None and implementation != "sdpa" and not implementation.startswith("flash_attention"):
-        # Only SDPA and flash attention take a causal flag; the others read causality from the mask.
-        mask = causal_bool_mask(query.shape[2], key.shape[2], key.shape[2] - query.shape[2], query.device)[None, None]
     # The mask carries causality where there is one; without a mask the kernel's causal flag does it.
     kernel_mask, kernel_causal = mask, causal and mask is None
     if implementation.startswith("flash_attention"):
