@@ -298,7 +298,7 @@ class SBMAttention(ZooAttention):
                 None if key_valid is None else key_valid[b : b + 1],
                 offset,
                 output_attentions,
-            )  # fmt: skip
+            )
             for b in range(q.shape[0])
         ]
         return AttentionOutput(
