@@ -43,6 +43,11 @@ class Mapping:
         self.unknown: list[str] = []
 
     def carry(self, source_name: str, destination: str, tensor: torch.Tensor, note: str = "") -> None:
+        if destination in self.tensors:  # e.g. a LayerNorm stored under its legacy name and today's
+            earlier = next(row["source"] for row in self.mapped if row["destination"] == destination)
+            raise ConversionError(
+                f"{source_name} and {earlier} both map to {destination}; the checkpoint holds one twice."
+            )
         self.tensors[destination] = tensor
         self.tie(source_name, destination, tensor, note)
 

@@ -67,9 +67,17 @@ def strip_model_prefix(name: str) -> str:
     return _PREFIX.sub("", name)
 
 
+#: LayerNorm names of checkpoints saved by early BERT code (TensorFlow's), which transformers still loads (its legacy
+#: renaming): `LayerNorm.gamma` is the weight, `LayerNorm.beta` the bias.
+_LEGACY_LAYER_NORM = re.compile(r"LayerNorm\.(gamma|beta)$")
+
+
 def zoo_name(name: str) -> str | None:
-    """The zoo name of a BERT/RoBERTa weight (prefix stripped or not), or `None` when no rule maps it."""
-    stripped = strip_model_prefix(name)
+    """The zoo name of a BERT/RoBERTa weight (prefix stripped or not, legacy LayerNorm names read as today's), or
+    `None` when no rule maps it."""
+    stripped = _LEGACY_LAYER_NORM.sub(
+        lambda match: "LayerNorm." + ("weight" if match[1] == "gamma" else "bias"), strip_model_prefix(name)
+    )
     for pattern, replacement in _RULES:
         if re.search(pattern, stripped):
             return re.sub(pattern, replacement, stripped)
@@ -118,5 +126,7 @@ def convert_bert_state_dict(
             tensor = tensor[roberta_position_offset:]
         if new.startswith("encoder."):
             new = head_prefix + new
+        if new in converted:  # e.g. a LayerNorm stored under its legacy name and today's
+            raise ValueError(f"Two checkpoint weights map to {new!r}, the last {name!r}.")
         converted[new] = tensor
     return converted

@@ -257,3 +257,44 @@ def test_pytorch_bin_with_tied_copies_and_buffers_converts(tmp_path, source_chec
     ids = right_padded_batch(source.config.vocab_size, source.config.pad_token_id)[0][:1]
     with torch.no_grad():
         torch.testing.assert_close(zoo(input_ids=ids).logits, source(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def _legacy_layer_norm_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The names early BERT code saved (`LayerNorm.gamma` / `LayerNorm.beta`), which transformers still loads."""
+    return {
+        name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): tensor
+        for name, tensor in state.items()
+    }
+
+
+def _bin_checkpoint(folder, source_folder, state: dict[str, torch.Tensor]):
+    folder.mkdir()
+    torch.save(state, folder / "pytorch_model.bin")
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((source_folder / name).read_bytes())
+    return folder
+
+
+def test_legacy_layer_norm_names_convert_like_todays(tmp_path, source_checkpoint):
+    folder, source = source_checkpoint("BertForMaskedLM")
+    state = _legacy_layer_norm_names(source.state_dict())
+    assert any(name.endswith("LayerNorm.gamma") for name in state)
+    legacy = _bin_checkpoint(tmp_path / "legacy", folder, state)
+    report = convert_checkpoint(str(legacy), "dense_transformer", NEW_LENGTH, tmp_path / "out")
+    rows = {row["source"]: row["destination"] for row in report.mapped}
+    assert rows["bert.embeddings.LayerNorm.gamma"] == "model.encoder.embeddings.LayerNorm.weight"  # as stored
+    zoo = AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
+    ids, mask = right_padded_batch(source.config.vocab_size, source.config.pad_token_id, length=SOURCE_POSITIONS)
+    with torch.no_grad():
+        expected = source.eval()(input_ids=ids, attention_mask=mask).logits
+        actual = zoo(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(actual[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_norm_stored_under_both_names_is_refused(tmp_path, source_checkpoint):
+    folder, source = source_checkpoint("BertForMaskedLM")
+    state = dict(source.state_dict())
+    state["bert.embeddings.LayerNorm.gamma"] = state["bert.embeddings.LayerNorm.weight"].clone()
+    both = _bin_checkpoint(tmp_path / "both", folder, state)
+    with pytest.raises(ConversionError, match="bert.embeddings.LayerNorm.gamma.*both map to"):
+        convert_checkpoint(str(both), "dense_transformer", NEW_LENGTH, tmp_path / "out")
