@@ -6,6 +6,9 @@ heads register their labels as the sketch's training targets. Decoder self-atten
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from ..core.modeling import (
     ZooForConditionalGeneration,
     ZooForMaskedLM,
@@ -24,6 +27,37 @@ class SmartBirdPreTrainedModel(ZooPreTrainedModel):
     config_class = SmartBirdConfig
     attention_class = SmartBirdAttention
     encoder_class = SmartBirdEncoder
+
+    # The sketch's own classifier is sized by `num_labels`, and every checkpoint holds one (a masked-LM checkpoint
+    # its untrained 2-label one), so a checkpoint saved for another label count could not be fine-tuned on a 3-label
+    # or regression task: it loads fresh there, as a new classification head does.
+    _sketch_classifier = re.compile(r"(^|\.)encoder\.sketch\.classifier\.(weight|bias)$")
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+        """`PreTrainedModel.from_pretrained`, with the sketch classifier initialised afresh when its size differs.
+
+        Any other size mismatch stops the load as in transformers, unless `ignore_mismatched_sizes=True`.
+        """
+        if kwargs.get("ignore_mismatched_sizes"):
+            return super().from_pretrained(*args, **kwargs)
+        return_info = kwargs.pop("output_loading_info", False)
+        kwargs.update(ignore_mismatched_sizes=True, output_loading_info=True)
+        model, info = super().from_pretrained(*args, **kwargs)
+        # Entries are (name, checkpoint shape, model shape).
+        others = sorted(
+            (entry for entry in info["mismatched_keys"] if not cls._sketch_classifier.search(entry[0])),
+            key=lambda e: e[0],
+        )
+        if others:
+            sizes = "; ".join(
+                f"{name}: checkpoint {tuple(saved)}, model {tuple(wanted)}" for name, saved, wanted in others
+            )
+            raise RuntimeError(
+                f"Size mismatch loading {cls.__name__}: {sizes}. Pass `ignore_mismatched_sizes=True` to initialise "
+                "these weights afresh."
+            )
+        return (model, info) if return_info else model
 
     def init_sketch_from_main_embeddings(self) -> None:
         """Initialise the sketch's token embeddings by PCA of the main token embeddings (the paper's recipe)."""

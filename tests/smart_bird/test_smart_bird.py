@@ -383,3 +383,36 @@ def test_eval_attention_weights_of_an_example_shorter_than_k_in_a_batch_equal_th
     for batched, single in zip(out.attentions, alone.attentions, strict=True):
         torch.testing.assert_close(batched[1, :, :8, :8], single[0], rtol=1e-5, atol=1e-6)
         assert torch.all((batched[1, :, :8, :8] > 0).sum(-1) == 8)  # fewer real keys than K: every one attended
+
+
+# --- loading for another label count ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_labels", [3, 1])
+def test_a_masked_lm_checkpoint_fine_tunes_on_another_label_count(tmp_path, num_labels):
+    """Every checkpoint holds the sketch's own classifier (a masked-LM one its untrained 2-label one): it loads fresh
+    for another label count, as the classification head does, and everything else loads as saved."""
+    source = SmartBirdForMaskedLM(tiny_config())
+    source.save_pretrained(tmp_path)
+    model, info = SmartBirdForSequenceClassification.from_pretrained(
+        tmp_path, num_labels=num_labels, output_loading_info=True
+    )
+    assert model.model.encoder.sketch.classifier.weight.shape == (num_labels, model.config.sketch_hidden_size)
+    assert {name for name, _, _ in info["mismatched_keys"]} == {
+        "model.encoder.sketch.classifier.weight",
+        "model.encoder.sketch.classifier.bias",
+    }
+    saved = source.model.state_dict()
+    for name, tensor in model.model.state_dict().items():
+        if "sketch.classifier" not in name:
+            torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
+    labels = torch.randint(num_labels, (2,)) if num_labels > 1 else torch.randn(2)
+    model(input_ids=torch.randint(5, 200, (2, 16)), labels=labels).loss.backward()
+
+
+def test_other_size_mismatches_still_stop_the_load(tmp_path):
+    SmartBirdForSequenceClassification(tiny_config(num_labels=1)).save_pretrained(tmp_path)
+    with pytest.raises(RuntimeError, match=r"classifier\.out_proj\.bias: checkpoint \(1,\), model \(3,\)"):
+        SmartBirdForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+    model = SmartBirdForSequenceClassification.from_pretrained(tmp_path, num_labels=3, ignore_mismatched_sizes=True)
+    assert model.classifier.out_proj.weight.shape[0] == 3
