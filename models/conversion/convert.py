@@ -169,13 +169,20 @@ def convert_for_training(request: ConversionArguments, cache_dir: str | None = N
     if report is None:
         convert_checkpoint(**dataclasses.asdict(request), cache_dir=cache_dir)
         return output
-    overrides = parse_config_overrides(request.config_overrides)
-    wanted = (request.model_name_or_path, request.family, request.max_position_embeddings, overrides, request.seq2seq)
-    found = (report.source, report.family, report.max_position_embeddings, report.config_overrides, report.seq2seq)
-    if wanted != found:
+    # field: (what this run asks for, what the folder holds)
+    fields = {
+        "model_name_or_path": (request.model_name_or_path, report.source),
+        "family": (request.family, report.family),
+        "max_position_embeddings": (request.max_position_embeddings, report.max_position_embeddings),
+        "config_overrides": (parse_config_overrides(request.config_overrides), report.config_overrides),
+        "seq2seq": (request.seq2seq, report.seq2seq),
+    }
+    differing = [
+        f"{name} {wanted!r} (it holds {found!r})" for name, (wanted, found) in fields.items() if wanted != found
+    ]
+    if differing:
         raise ConversionError(
-            f"{output} already holds a conversion of {report.source} into {report.family} at "
-            f"{report.max_position_embeddings} positions; this run asks for {request.model_name_or_path} into "
-            f"{request.family} at {request.max_position_embeddings}. Use another output_dir."
+            f"{output} already holds a conversion made with other settings; this run asks for "
+            f"{'; '.join(differing)}. Use another output_dir."
         )
     return output

@@ -9,7 +9,14 @@ import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from attnzoo import FAMILIES
-from attnzoo.conversion import REPORT_FILE, ConversionError, convert_checkpoint, read_report
+from attnzoo.conversion import (
+    REPORT_FILE,
+    ConversionArguments,
+    ConversionError,
+    convert_checkpoint,
+    convert_for_training,
+    read_report,
+)
 from attnzoo.core.conversion import strip_model_prefix
 
 from .conftest import SOURCE_POSITIONS, right_padded_batch
@@ -298,3 +305,22 @@ def test_a_layer_norm_stored_under_both_names_is_refused(tmp_path, source_checkp
     both = _bin_checkpoint(tmp_path / "both", folder, state)
     with pytest.raises(ConversionError, match="bert.embeddings.LayerNorm.gamma.*both map to"):
         convert_checkpoint(str(both), "dense_transformer", NEW_LENGTH, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"config_overrides": "exploration_delta=0.02"}, "config_overrides {'exploration_delta': 0.02} (it holds {})"),
+        ({"seq2seq": True}, "seq2seq True (it holds False)"),
+        ({"family": "fsat"}, "family 'fsat' (it holds 'sbm')"),
+    ],
+)
+def test_a_folder_converted_with_other_settings_is_refused_naming_them(tmp_path, source_checkpoint, change, named):
+    folder, _ = source_checkpoint("BertForMaskedLM")
+    request = {"model_name_or_path": str(folder), "family": "sbm", "max_position_embeddings": 96}
+    convert_for_training(ConversionArguments(**request, output_dir=str(tmp_path / "out")))
+    again = ConversionArguments(**request, output_dir=str(tmp_path / "out"))
+    assert convert_for_training(again) == tmp_path / "out"  # the same request reuses the folder
+    with pytest.raises(ConversionError, match="other settings") as refusal:
+        convert_for_training(ConversionArguments(**{**request, **change}, output_dir=str(tmp_path / "out")))
+    assert named in str(refusal.value) and "max_position_embeddings" not in str(refusal.value)
