@@ -212,13 +212,26 @@ def run_bench(size_name: str, out: Path, args: argparse.Namespace) -> dict[str, 
     report = run_benchmark(settings, log=print)
     paths = write_reports(report, out / f"bench-{size_name}")
     failed = [m["name"] for m in report["models"] if m["equivalence"] is not None and not m["equivalence"]["passed"]]
+    raised = raised_rows(report)
     return {
         "seconds": time.perf_counter() - start,
         "files": {kind: str(path.relative_to(out)) for kind, path in paths.items() if path is not None},
         "equivalence_failed": failed,
+        "raised": raised,
         "goals": goals(report) if size_name == "base" else None,
-        "passed": not failed,
+        "passed": not failed and not raised,
     }
+
+
+def raised_rows(report: dict[str, Any]) -> dict[str, str]:
+    """Rows that raised for another reason than running out of memory (a kernel or model failure), each with its
+    first such status. Out of memory and "too slow" at long lengths are results, not failures."""
+    raised: dict[str, str] = {}
+    for result in report["results"]:
+        status = result["status"]
+        if status.startswith("error:") and "out of memory" not in status.lower() and "OutOfMemory" not in status:
+            raised.setdefault(result["model"], f"{status} (N = {result['length']})")
+    return raised
 
 
 def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -321,6 +334,12 @@ def write_readme(out: Path, summary: dict[str, Any]) -> None:
             lines.append(f"\n![{size}]({bench['files']['plot']})")
         if bench["equivalence_failed"]:
             lines.append(f"\nfast path != reference: {', '.join(bench['equivalence_failed'])}")
+        if bench.get("raised"):  # older summaries have no such entry
+            lines += [
+                "",
+                "Rows that raised (not out of memory):",
+                *[f"- {k}: {v}" for k, v in bench["raised"].items()],
+            ]
         if bench.get("goals"):
             lines += [
                 "",

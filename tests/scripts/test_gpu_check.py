@@ -29,7 +29,7 @@ def test_dry_run_benchmarks_and_fine_tunes_and_writes_the_results_folder(gpu_che
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["dry_run"] and summary["environment"]["torch"] == torch.__version__
     bench = summary["stages"]["bench-small"]
-    assert bench["passed"] and bench["equivalence_failed"] == []
+    assert bench["passed"] and bench["equivalence_failed"] == [] and bench["raised"] == {}
     report = json.loads((tmp_path / bench["files"]["json"]).read_text())
     timed = {r["model"] for r in report["results"] if r["status"] == "ok"}
     assert timed == {"dense", "sparse_transformer:strided_merged", "hf:longformer"}
@@ -90,6 +90,22 @@ def test_goals_compare_each_method_at_16384_with_dense_bigbird_and_longformer(gp
     assert {goal["model"]: goal for goal in gpu_check.goals(report)}["a2former"][
         "beats_bigbird_and_longformer"
     ] is None
+
+
+def test_a_row_that_raises_fails_the_stage_but_out_of_memory_does_not(gpu_check):
+    def result(model, length, status):
+        return {"model": model, "length": length, "status": status}
+
+    report = {
+        "results": [
+            result("dense", 1024, "ok"),
+            result("dense", 32768, "error: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"),
+            result("hf:bigbird", 32768, "skipped: too slow"),
+            result("a2former", 1024, "error: RuntimeError: triton launch failed"),
+            result("a2former", 2048, "error: RuntimeError: triton launch failed"),
+        ]
+    }
+    assert gpu_check.raised_rows(report) == {"a2former": "error: RuntimeError: triton launch failed (N = 1024)"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
