@@ -94,6 +94,22 @@ def test_gradient_norms_group_the_parameters_by_layer(task):
     assert norms["layer 1"] == pytest.approx(float(torch.cat([g.flatten() for g in layer_1]).norm()), rel=1e-5)
 
 
+def test_gradient_norms_keep_smart_birds_sketch_apart_from_the_layers_and_the_head(task):
+    model = classifier(task, "smart_bird", size=ModelSize(16, 2, 2, 32)).train()
+    model(**padded_batch(task.vocab_size), labels=torch.tensor([0, 1])).loss.backward()
+    norms = gradient_norms(model)
+    assert set(norms) == {"embeddings", "layer 0", "layer 1", "sketch", "head"}
+
+    def norm(names: list[str]) -> float:
+        grads = [p.grad.flatten() for n, p in model.named_parameters() if n in names and p.grad is not None]
+        return float(torch.cat(grads).norm())
+
+    names = [n for n, _ in model.named_parameters()]
+    assert norms["head"] == pytest.approx(norm([n for n in names if n.startswith("classifier.")]), rel=1e-5)
+    assert norms["layer 0"] == pytest.approx(norm([n for n in names if ".encoder.layers.0." in n]), rel=1e-5)
+    assert norms["sketch"] == pytest.approx(norm([n for n in names if ".encoder.sketch." in n]), rel=1e-5)
+
+
 def test_diagnose_reports_every_spec_at_initialisation(task):
     specs = [RunSpec("a2former", 64), RunSpec("a2former", 64, {"num_global_tokens": 0, "classifier_pooling": "mean"})]
     records = diagnose(task, specs, TINY, examples=3)

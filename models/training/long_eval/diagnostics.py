@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,16 +56,22 @@ def cls_receptive_field(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     return reached.sum(-1).tolist()
 
 
+_ENCODER_LAYER = re.compile(r"(^|\.)encoder\.layers\.(\d+)\.")
+
+
 def gradient_norms(model: torch.nn.Module) -> dict[str, float]:
-    """L2 norm of the gradients of the embeddings, of each encoder layer and of the head, after `backward()`."""
+    """L2 norm of the gradients of the embeddings, of each encoder layer, of Smart Bird's sketch network (its own
+    layers, embeddings and classifier: `"sketch"`) and of the rest (the head), after `backward()`."""
     groups: dict[str, list[torch.Tensor]] = {}
     for name, param in model.named_parameters():
         if param.grad is None:
             continue
-        if ".layers." in name:
-            layer = name.split(".layers.")[1].split(".")[0]
-            key = f"layer {layer}"
-        elif "embeddings" in name:
+        layer = _ENCODER_LAYER.search(name)
+        if ".encoder.sketch." in f".{name}":
+            key = "sketch"
+        elif layer is not None:
+            key = f"layer {layer[2]}"
+        elif ".encoder.embeddings." in f".{name}":
             key = "embeddings"
         else:
             key = "head"
