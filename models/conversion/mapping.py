@@ -93,6 +93,13 @@ def _tied_or_buffer(
         mapping.tie(name, "lm_head.bias", tensor, f"same as {bias_name}")
 
 
+def _pooled(config: ZooConfig) -> str:
+    """What the converted classification head applies BERT's pooler to."""
+    if config.classifier_pooling == "cls":
+        return "over the first token, as BERT"
+    return f"over the {config.classifier_pooling} of the real tokens (classifier_pooling), not BERT's first token"
+
+
 def map_weights(
     source: SourceCheckpoint,
     config: ZooConfig,
@@ -133,7 +140,8 @@ def map_weights(
         if seq2seq and destination.startswith("lm_head."):
             note = "BERT2BERT: the source's masked-LM head is the decoder's LM head"
         if destination.startswith("classifier."):
-            note = "BERT's pooler; loaded by the classification head, reported unexpected by the others"
+            pooled = _pooled(config)
+            note = f"BERT's pooler; loaded by the classification head, {pooled}; reported unexpected by the others"
         if destination == _POSITIONS:
             learned = tensor[offset : offset + length]
             tensor = repeat_rows(learned, rows)

@@ -100,4 +100,10 @@ def build_config(
         raise ConversionError(f"The {family} config cannot be built from {source.name_or_path}: {err}") from err
     shared = {item.name for item in dataclasses.fields(ZooConfig)}
     own = {item.name: getattr(config, item.name) for item in dataclasses.fields(config) if item.name not in shared}
+    # Shared fields the family (or an override) sets apart from the zoo's defaults change the model too, e.g. the
+    # sparse families' global token and mean pooling: compared with the same source fields under those defaults.
+    generic = ZooConfig(**fields)
+    own.update(
+        {name: getattr(config, name) for name in sorted(shared) if getattr(config, name) != getattr(generic, name)}
+    )
     return config, from_source, own

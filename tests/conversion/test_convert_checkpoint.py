@@ -80,6 +80,12 @@ def test_every_family_loads_with_auto_masked_lm_and_runs_at_the_new_length(tmp_p
     # The family's own fields are at the config class's defaults.
     defaults = FAMILIES[family].config_class()
     assert report.method_defaults == {name: getattr(defaults, name) for name in report.method_defaults}
+    # ... and so are the shared fields a sparse family sets apart from the zoo's (its global token, mean pooling).
+    if family != "dense_transformer":
+        assert report.method_defaults["num_global_tokens"] == 1
+        assert report.method_defaults["classifier_pooling"] == "mean"
+    else:
+        assert "num_global_tokens" not in report.method_defaults
     # Every parameter of the target is either carried from the source, tied, or listed as new.
     carried = {row["destination"] for row in report.mapped}
     new = {row["name"] for row in report.new}
@@ -137,6 +143,7 @@ def test_report_accounts_for_every_stored_source_tensor(tmp_path, source_checkpo
         assert not_carried[name].startswith("FSATAttention: ") and reason in not_carried[name], name
     pooler = next(row for row in report.mapped if row["source"] == "bert.pooler.dense.weight")
     assert pooler["destination"] == "classifier.dense.weight"
+    assert "mean of the real tokens" in pooler["note"]  # FSAT's default pooling, not BERT's first token
     saved = json.loads((tmp_path / "out" / REPORT_FILE).read_text())
     assert saved["source"] == str(folder) and saved["base_model"] is None
 
