@@ -295,6 +295,10 @@ def dense_attention(
             q, k, v, mask, dropout_p=dropout_p, scale=scale, training=training, logit_bias=logit_bias
         )
         return out
+    if causal and logit_bias is not None:
+        # SDPA takes no explicit mask beside `is_causal` (with a bias that needs a gradient it refuses the pair).
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        causal = False
     attn_mask = mask
     if logit_bias is not None:
         attn_mask = logit_bias.to(q.dtype)

@@ -89,6 +89,21 @@ def test_dense_attention_masks_biases_and_zeroes_empty_rows(backend):
 
 
 @pytest.mark.parametrize("backend", ["fast", "reference"])
+def test_dense_attention_causal_with_a_learned_bias_equals_the_masked_formula(backend):
+    """A bias that needs a gradient (SBM's straight-through term) beside the causal flag: SDPA refuses the pair."""
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True)
+    out = dense_attention(q, k, v, logit_bias=bias, is_causal=True, backend=backend)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    expected = dense_masked_attention(q, k, v, causal, logit_bias=bias)[0]
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v, bias))
+    expected_grads = torch.autograd.grad(expected.pow(2).sum(), (q, k, v, bias))
+    for grad, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, want, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["fast", "reference"])
 def test_dense_attention_causal_flag_never_looks_ahead(backend):
     q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64) for _ in range(3))
     out = dense_attention(q, k, v, is_causal=True, backend=backend)
