@@ -14,6 +14,8 @@ values' gradients together. [`gated_attention_reference`] is the same function w
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -22,6 +24,12 @@ from .dispatch import resolve_backend
 #: bound on `s_ij - max_l s_il` (max over open pairs) before the exponential: a closed pair's weight `e^{s_ij} / Z_i`
 #: may exceed 1 (it is not in `Z_i`) and must stay finite, since the forward multiplies it by its zero gate
 _MAX_LOG_WEIGHT = 30.0
+
+
+def max_log_weight(dtype: torch.dtype) -> float:
+    """[`_MAX_LOG_WEIGHT`], lowered for a dtype whose range it exceeds: fp16 overflows at e^11.1, and the gate's
+    gradient multiplies the weight by another factor, so half of the exponent range is kept for it."""
+    return min(_MAX_LOG_WEIGHT, 0.5 * math.log(torch.finfo(dtype).max))
 
 
 class _GatedAttention(torch.autograd.Function):
@@ -35,7 +43,7 @@ class _GatedAttention(torch.autograd.Function):
         top = gate.sub(1.0).mul_(-lowest).addcmul_(weights, gate).amax(-1, keepdim=True)  # (B, H, n, 1)
         empty = top == lowest  # rows without an open pair
         top.masked_fill_(empty, 0.0)
-        weights.sub_(top).clamp_(max=_MAX_LOG_WEIGHT).exp_()  # e^{s - max}
+        weights.sub_(top).clamp_(max=max_log_weight(weights.dtype)).exp_()  # e^{s - max}
         norm = torch.einsum("bhnm,bhnm->bhn", weights, gate).unsqueeze(-1)  # (B, H, n, 1) Z e^{-max}
         weights.div_(norm.masked_fill_(empty, 1.0)).masked_fill_(empty, 0.0)  # e^s / Z
         probs = weights * gate  # (B, H, n, m)
@@ -49,6 +57,11 @@ class _GatedAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # the in-place backward is not itself differentiable
     def backward(ctx, grad_out: Tensor):
+        with torch.autocast(grad_out.device.type, enabled=False):  # in the forward's dtype, as the forward ran
+            return _GatedAttention._backward(ctx, grad_out.to(ctx.saved_tensors[-1].dtype))
+
+    @staticmethod
+    def _backward(ctx, grad_out: Tensor):
         q, k, v, gate, keep, weights, out = ctx.saved_tensors
         # ∂L/∂g = (e^s / Z) (ρ ∂L/∂o · v_j - ∂L/∂o · o), built in place in the one (B, H, n, m) buffer it needs.
         grad_gate = torch.matmul(grad_out, v.transpose(-1, -2))  # (B, H, n, m) ∂L/∂o · v_j
@@ -102,7 +115,10 @@ def gated_attention(
     if return_weights or resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype) == "reference":
         out, weights = gated_attention_reference(q, k, v, gate, keep=keep, scale=scale)
         return out, (weights if return_weights else None)
-    return _GatedAttention.apply(q, k, v, gate, keep, scale), None
+    # In the inputs' dtype: under autocast the matmuls would run in half precision, which this function's bounds and
+    # its backward (run without autocast) do not expect.
+    with torch.autocast(q.device.type, enabled=False):
+        return _GatedAttention.apply(q, k, v, gate, keep, scale), None
 
 
 def gated_attention_reference(
@@ -116,7 +132,7 @@ def gated_attention_reference(
     logits = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, n, m)
     top = logits.masked_fill(gate == 0, float("-inf")).amax(-1, keepdim=True).detach()
     empty = top == float("-inf")
-    shifted = (logits - top.masked_fill(empty, 0.0)).clamp(max=_MAX_LOG_WEIGHT)
+    shifted = (logits - top.masked_fill(empty, 0.0)).clamp(max=max_log_weight(logits.dtype))
     unnormalised = shifted.exp()
     norm = (gate * unnormalised).sum(-1, keepdim=True)
     weights = (unnormalised / norm.masked_fill(empty, 1.0)).masked_fill(empty, 0.0)

@@ -82,3 +82,34 @@ def test_weights_are_the_masked_softmax_and_differentiable():
     torch.testing.assert_close(weights, expected)
     torch.testing.assert_close(out, expected_out)
     assert weights.requires_grad, "transformers' tests retain the attentions' gradient"
+
+
+def test_fused_runs_in_its_inputs_dtype_under_autocast():
+    """Under autocast the fused matmuls would run in bf16, and its backward (no autocast) then on mixed dtypes."""
+    case = _case(dtype=torch.float32)
+    out, _, grads = _run(gated_attention, *case, 0.4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto_out, _, auto_grads = _run(gated_attention, *case, 0.4)
+    assert auto_out.dtype == torch.float32
+    torch.testing.assert_close(auto_out, out, atol=0, rtol=0)
+    for a, b in zip(auto_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_half_precision_stays_finite_when_a_closed_pair_is_far_above_the_open_maximum():
+    """e^(s - max) of a closed pair 39 logits above the open maximum overflows fp16 (max e^11.1); inf x 0 is NaN."""
+    logits = torch.tensor([[1.0, 40.0, 0.5], [0.2, 0.1, 0.3]])  # (n, m); pair (0, 1) is closed
+    gate = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])[None, None]
+    q = torch.eye(2, 3)[None, None]  # (1, 1, 2, 3): q kᵀ = logits with k_j = (logits[0, j], logits[1, j], 0)
+    k = torch.cat([logits.t(), torch.zeros(3, 1)], -1)[None, None]  # (1, 1, 3, 3)
+    v = torch.randn(1, 1, 3, 3, generator=torch.Generator().manual_seed(0))
+    grad_out = torch.ones(1, 1, 2, 3)
+    results = {}
+    for name, fn in (("fast", gated_attention), ("reference", gated_attention_reference)):
+        half = [t.half() for t in (q, k, v, gate, grad_out)]
+        out, _, grads = _run(fn, *half[:4], None, half[4], 1.0)
+        assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads), name
+        results[name] = (out.float(), [g.float() for g in grads])
+    torch.testing.assert_close(results["fast"][0], results["reference"][0], atol=2e-3, rtol=2e-3)
+    for a, b in zip(results["fast"][1], results["reference"][1], strict=True):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
