@@ -173,6 +173,8 @@ class CSRAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
         q, k, v, weight, mult, rows, cols, crow, probs = ctx.saved_tensors
         need_q, need_k, need_v, need_bias, need_weight = ctx.needs_input_grad[:5]

@@ -55,6 +55,8 @@ class MixedSlotAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, weight, mult, rows, cols, crow, probs, edge_scores = ctx.saved_tensors
         num_rows, num_slots, entries = weight.shape

@@ -145,6 +145,8 @@ class EdgeAttentionTriton(torch.autograd.Function):
         return out
 
     @staticmethod
+    # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, bias, weight, crow, cols, keep, out, lse = ctx.saved_tensors
         num_rows, D = q.shape

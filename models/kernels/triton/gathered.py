@@ -191,6 +191,8 @@ class GatheredAttentionTriton(torch.autograd.Function):
         return out
 
     @staticmethod
+    # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, weight, bias, idx, valid, keep, out, lse = ctx.saved_tensors
         B, H, Nq, D = q.shape
