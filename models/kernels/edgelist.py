@@ -15,8 +15,12 @@ from .dropout import keep_multiplier
 def check_edges(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *edge_tensors: Tensor | None) -> None:
     if q.dim() != 2 or k.dim() != 2 or v.dim() != 2:
         raise ValueError(f"q, k, v must be 2-D (rows, d), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape[0] != v.shape[0] or q.shape[1] != k.shape[1]:
-        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    # One width d for q, k and v: the Triton kernel sizes its output and its value tiles by the queries' width.
+    if k.shape[0] != v.shape[0] or q.shape[1] != k.shape[1] or v.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: q, k and v must share "
+            "their width d, and k and v their number of rows"
+        )
     if rows.dtype != torch.int64 or cols.dtype != torch.int64:
         raise TypeError("rows and cols must be int64")
     if rows.shape != cols.shape or rows.dim() != 1:

@@ -39,9 +39,11 @@ def check_gathered(
         raise ValueError(f"weight must have the shape of idx {tuple(idx.shape)}, got {tuple(weight.shape)}")
     if logit_bias is not None:
         try:
-            torch.broadcast_shapes(logit_bias.shape, slots)
+            fits = torch.broadcast_shapes(logit_bias.shape, slots) == slots  # to the slots, not merely with them
         except RuntimeError:
-            raise ValueError(f"logit_bias must broadcast to {tuple(slots)}, got {tuple(logit_bias.shape)}") from None
+            fits = False
+        if not fits:
+            raise ValueError(f"logit_bias must broadcast to {tuple(slots)}, got {tuple(logit_bias.shape)}")
     # The fast paths run without invariant checks: reject out-of-range keys on CPU, where the O(E) check costs no
     # host sync (accelerator kernels fault loudly instead).
     if idx.device.type == "cpu" and idx.numel() > 0:
@@ -186,10 +188,11 @@ def _mixed_slot_attention(q, k, v, idx, valid, weight, logit_bias, dot_product, 
         qf, kf, vf = (t.to(compute_dtype).reshape(-1, d).contiguous() for t in (q, k, v))
         if weight is None:
             weight = torch.ones(entries.shape, dtype=compute_dtype, device=q.device)
-        weight = weight.to(compute_dtype).reshape(-1, num_slots, J)
+        rows = B * H * Nq  # spelled out: with no slot, reshape cannot infer -1 from 0 elements
+        weight = weight.to(compute_dtype).reshape(rows, num_slots, J)
         bias = _slot_logits(logit_bias, valid, idx.shape[:4], compute_dtype, q.device)
-        bias = None if bias is None else bias.reshape(-1, num_slots)
-        mult = None if keep is None else keep_multiplier(keep, dropout_p, compute_dtype).reshape(-1, num_slots)
-        cols = (entries + batch_head_offsets(B, H, Nk, q.device)[..., None, None]).reshape(-1, num_slots, J)
+        bias = None if bias is None else bias.reshape(rows, num_slots)
+        mult = None if keep is None else keep_multiplier(keep, dropout_p, compute_dtype).reshape(rows, num_slots)
+        cols = (entries + batch_head_offsets(B, H, Nk, q.device)[..., None, None]).reshape(rows, num_slots, J)
         out = MixedSlotAttentionFunction.apply(qf, kf, vf, weight, bias, mult, cols, scale, dot_product, use_sparse)
     return out.view(B, H, Nq, d).to(out_dtype)

@@ -18,7 +18,9 @@ from .csr import CSRPattern
 
 
 def slot_softmax(scores: Tensor) -> Tensor:
-    """Softmax over the last axis; rows whose logits are all -inf give zeros (never NaN)."""
+    """Softmax over the last axis; rows whose logits are all -inf, or that have none, give zeros (never NaN)."""
+    if scores.shape[-1] == 0:  # no slot: nothing to normalise (amax has no identity)
+        return scores * 1.0
     rowmax = scores.detach().amax(-1, keepdim=True)
     ex = torch.exp(scores - torch.where(torch.isfinite(rowmax), rowmax, 0.0))
     den = ex.sum(-1, keepdim=True)

@@ -301,3 +301,11 @@ def test_more_edges_than_pattern_cells(fast):
         out = fn(*inputs[:3], rows, cols, logit_bias=inputs[3])
         results.append([out, *torch.autograd.grad(out, inputs, grad_out)])
     _assert_all_close(*results, 1e-10)
+
+
+def test_values_of_another_width_are_refused():
+    """The Triton kernel sized its output by the queries' width: it cut wider values and read past narrower ones."""
+    q, k, v, _, _, _ = _tensors(torch.float32, 1)
+    for width in (v.shape[1] + 2, v.shape[1] - 2):
+        with pytest.raises(ValueError, match="share their width"):
+            edge_attention(q, k, torch.randn(v.shape[0], width), torch.tensor([0]), torch.tensor([0]))

@@ -133,3 +133,27 @@ def test_out_of_range_valid_index_raises():
     idx = idx.masked_fill(valid, NK)
     with pytest.raises(IndexError):
         gathered_attention(q, k, v, idx, valid)
+
+
+@pytest.mark.parametrize("backend", ["reference", "fast", "triton"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["slots", "mixed_slots"])
+def test_no_slot_gives_zeros_and_zero_gradients_on_every_backend(backend, mixed):
+    if backend == "triton":
+        pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(B, H, n, D, generator=g, requires_grad=True) for n in (NQ, NK, NK))
+    shape = (B, H, NQ, 0, 2) if mixed else (B, H, NQ, 0)
+    idx = torch.zeros(shape, dtype=torch.long)
+    weight = torch.zeros(shape) if mixed else None
+    bias = torch.zeros(B, H, NQ, 0)
+    out = gathered_attention(q, k, v, idx, weight=weight, logit_bias=bias, backend=backend)
+    assert out.shape == q.shape and not out.any()
+    out.sum().backward()
+    assert all(t.grad is None or not t.grad.any() for t in (q, k, v))
+
+
+def test_a_bias_that_only_broadcasts_with_the_slots_is_refused():
+    q, k, v, idx, valid, _ = _inputs(torch.float32, 8)
+    for shape in ((2 * B, H, NQ, K), (1, B, H, NQ, K)):  # another batch; one more axis
+        with pytest.raises(ValueError, match="logit_bias must broadcast to"):
+            gathered_attention(q, k, v, idx, valid, logit_bias=torch.zeros(shape))
