@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from types import ModuleType
 
 import torch
@@ -97,7 +96,7 @@ def resolve_backend(backend: str, device: torch.device, *dtypes: torch.dtype) ->
         )
     kernels = _triton_kernels()
     if device.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1" or not kernels.interpreted():
+        if not kernels.interpreted():  # built for the interpreter (TRITON_INTERPRET=1, "true", ... at first import)
             raise ValueError(
                 "attention_backend='triton' on CPU runs the Triton kernels under Triton's interpreter, which needs "
                 "TRITON_INTERPRET=1 in the environment before attnzoo's Triton kernels are first imported (it is "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -40,12 +41,31 @@ def test_triton_backend_refusals_name_the_problem(monkeypatch):
         resolve_backend("triton", torch.device("mps"), torch.float32)
     with pytest.raises(ValueError, match="one dtype among"):
         resolve_backend("triton", CUDA, torch.float64)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    # Kernels compiled for a GPU, not built for the interpreter, cannot run on the CPU.
+    monkeypatch.setattr(dispatch._triton_kernels(), "interpreted", lambda: False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve_backend("triton", CPU, torch.float32)
     monkeypatch.setattr(dispatch, "triton_installed", lambda: False)
     with pytest.raises(ValueError, match=r"attnzoo\[gpu\]"):
         resolve_backend("triton", CUDA, torch.bfloat16)
+
+
+def test_triton_interpret_spelt_true_runs_the_kernels_on_cpu():
+    """Triton reads TRITON_INTERPRET as a boolean ("true", "on", ...), so attnzoo must not insist on "1"."""
+    pytest.importorskip("triton")
+    script = textwrap.dedent(
+        """
+        import torch
+        from attnzoo.kernels import edge_attention
+        q = k = v = torch.randn(3, 4)
+        rows, cols = torch.tensor([0, 1, 2]), torch.tensor([0, 0, 1])
+        out = edge_attention(q, k, v, rows, cols, backend="triton")
+        torch.testing.assert_close(out, edge_attention(q, k, v, rows, cols, backend="reference"))
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "true"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_import_and_cpu_kernels_work_without_triton():
