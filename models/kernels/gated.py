@@ -57,12 +57,13 @@ class _GatedAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # the in-place backward is not itself differentiable
     def backward(ctx, grad_out: Tensor):
+        saved = ctx.saved_tensors  # read once: non-reentrant activation checkpointing refuses a second read
         with torch.autocast(grad_out.device.type, enabled=False):  # in the forward's dtype, as the forward ran
-            return _GatedAttention._backward(ctx, grad_out.to(ctx.saved_tensors[-1].dtype))
+            return _GatedAttention._backward(ctx, saved, grad_out.to(saved[-1].dtype))
 
     @staticmethod
-    def _backward(ctx, grad_out: Tensor):
-        q, k, v, gate, keep, weights, out = ctx.saved_tensors
+    def _backward(ctx, saved: tuple[Tensor, ...], grad_out: Tensor):
+        q, k, v, gate, keep, weights, out = saved
         # ∂L/∂g = (e^s / Z) (ρ ∂L/∂o · v_j - ∂L/∂o · o), built in place in the one (B, H, n, m) buffer it needs.
         grad_gate = torch.matmul(grad_out, v.transpose(-1, -2))  # (B, H, n, m) ∂L/∂o · v_j
         if keep is not None:

@@ -113,3 +113,21 @@ def test_half_precision_stays_finite_when_a_closed_pair_is_far_above_the_open_ma
     torch.testing.assert_close(results["fast"][0], results["reference"][0], atol=2e-3, rtol=2e-3)
     for a, b in zip(results["fast"][1], results["reference"][1], strict=True):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_fused_backward_runs_under_non_reentrant_activation_checkpointing():
+    """Non-reentrant checkpointing (transformers' gradient_checkpointing_enable default) lets the backward read each
+    saved tensor once; SBM's training attention runs here."""
+    case = _case(dtype=torch.float32)
+    out, _, grads = _run(gated_attention, *case, 0.4)
+    q, k, v, gate, keep, grad_out = case
+    inputs = [t.clone().requires_grad_() for t in (q, k, v, gate)]
+
+    def attend(*tensors):
+        return gated_attention(*tensors, keep=keep, scale=0.4)[0]
+
+    checkpointed = torch.utils.checkpoint.checkpoint(attend, *inputs, use_reentrant=False)
+    checkpointed.backward(grad_out)
+    torch.testing.assert_close(checkpointed.detach(), out, atol=0, rtol=0)
+    for grad, want in zip((t.grad for t in inputs), grads, strict=True):
+        torch.testing.assert_close(grad, want, atol=0, rtol=0)
