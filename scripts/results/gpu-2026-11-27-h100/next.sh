@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The next GPU session's runs ("What the next GPU session should run" in this folder's README), from the repository
+# root with .whl/ (datasets, dill, multiprocess wheels) carried. One part per device call:
+#   bash scripts/results/gpu-2026-11-27-h100/next.sh listops [SECONDS]   # ListOps at LRA's lengths, 18 runs
+#   bash scripts/results/gpu-2026-11-27-h100/next.sh text [SECONDS]      # A²-Former@1024 and the Sparse Transformer
+#                                                                         # @4096 with rotary + self-pretraining
+# Results are packed into $OUT/results.tgz (the per-seed folders and the logs).
+set -u
+part="${1:?listops or text}"
+limit="${2:-420}"
+S=/tmp/site; mkdir -p $S
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S .whl/*.whl || exit 1
+ln -sfn "$PWD/models" $S/attnzoo; export PYTHONPATH=$S
+export OMP_NUM_THREADS=2  # many training processes share 16 cores; the work is on the GPU
+W=/tmp/w; mkdir -p $W
+git rev-parse HEAD > $W/commit.txt 2>/dev/null; nvidia-smi > $W/nvidia-smi.txt
+start=$(date +%s)
+case "$part" in
+    listops)
+        # The protocol of the short-tree CPU table (scripts/results/long-eval-listops-lra/), at LRA's tree lengths.
+        for s in 0 1 2; do
+            for f in dense_transformer a2former sparse_transformer fsat sbm smart_bird; do
+                timeout "$limit" python3 scripts/run_long_eval.py --tasks listops --listops_lengths 2048 --steps 1200 \
+                    --warmup_steps 120 --batch_size 8 --group_by_length --device cuda --seed $s \
+                    --output_dir $W/listops-seed$s --families $f > $W/log-listops-$s-$f.txt 2>&1 &
+            done
+        done
+        wait
+        python3 scripts/long_eval_seeds.py $W/listops-seed* --task listops --baseline "dense_transformer@2048" \
+            --output $W/listops-seeds.md > /dev/null 2>&1
+        ;;
+    text)
+        rope=position_embedding_type=rotary
+        PRETRAIN_STEPS=900 ROWS="1024 a2former:$rope;4096 sparse_transformer:$rope" \
+            bash scripts/gpu_lra_text.sh $W/text "$limit" 10 0 1 2 3 4 > $W/text.log 2>&1
+        ;;
+    *)
+        echo "next.sh: the part is 'listops' or 'text', got '$part'" >&2
+        exit 2
+        ;;
+esac
+echo "$part $(( $(date +%s) - start )) s" >> $W/times.txt
+(cd $W && tar czf "$OUT/results.tgz" --exclude='*.pt' .)
