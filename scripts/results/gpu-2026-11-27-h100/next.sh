@@ -8,6 +8,10 @@
 set -u
 part="${1:?listops or text}"
 limit="${2:-420}"
+if [ "$part" != listops ] && [ "$part" != text ]; then  # before any device time is spent
+    echo "next.sh: the part is 'listops' or 'text', got '$part'" >&2
+    exit 2
+fi
 S=/tmp/site; mkdir -p $S
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S .whl/*.whl || exit 1
 ln -sfn "$PWD/models" $S/attnzoo; export PYTHONPATH=$S
@@ -33,10 +37,6 @@ case "$part" in
         rope=position_embedding_type=rotary
         PRETRAIN_STEPS=900 ROWS="1024 a2former:$rope;4096 sparse_transformer:$rope" \
             bash scripts/gpu_lra_text.sh $W/text "$limit" 10 0 1 2 3 4 > $W/text.log 2>&1
-        ;;
-    *)
-        echo "next.sh: the part is 'listops' or 'text', got '$part'" >&2
-        exit 2
         ;;
 esac
 echo "$part $(( $(date +%s) - start )) s" >> $W/times.txt
