@@ -287,17 +287,17 @@ def dense_attention(
     if is_causal and mask is not None:
         raise ValueError("dense_attention: pass the causal structure inside `mask` when a mask is given.")
     causal = is_causal and q.shape[2] > 1
-    if resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype) == "reference":
-        if causal:
-            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    reference = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype) == "reference"
+    if causal and (reference or logit_bias is not None):
+        # The reference has no causal flag, and SDPA takes none beside an explicit mask (with a bias that needs a
+        # gradient it refuses the pair): causality goes into the mask.
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        causal = False
+    if reference:
         out, _ = dense_masked_attention(
             q, k, v, mask, dropout_p=dropout_p, scale=scale, training=training, logit_bias=logit_bias
         )
         return out
-    if causal and logit_bias is not None:
-        # SDPA takes no explicit mask beside `is_causal` (with a bias that needs a gradient it refuses the pair).
-        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
-        causal = False
     attn_mask = mask
     if logit_bias is not None:
         attn_mask = logit_bias.to(q.dtype)

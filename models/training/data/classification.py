@@ -157,9 +157,10 @@ def _label_names(raw: dict[str, list[dict]], task: GlueTask | None) -> list[str]
 def _refuse_header_as_data(path: str, records: list[dict], label_col: str) -> None:
     """Columns given by position mean a table without a header row. A first row whose label is a word while every
     other row's is an integer is a header read as data: it would train as an example and add a class."""
-    first = str(records[0].get(label_col) or "").strip() if records else ""
+    labels = [str(r.get(label_col) or "").strip() for r in records]
+    first = labels[0] if labels else ""
     # Empty labels are empty rows (`skip_empty_rows` decides about them), not a header.
-    others = [label for label in (str(r.get(label_col) or "").strip() for r in records[1:]) if label]
+    others = [label for label in labels[1:] if label]
     if first and not first.isdigit() and others and all(label.isdigit() for label in others):
         row = {k: v for k, v in records[0].items() if k != "__line__"}
         raise ValueError(
