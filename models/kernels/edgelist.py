@@ -12,6 +12,13 @@ from .csr import CSRAttentionFunction, row_pointers, sort_key, sparse_kernels_av
 from .dropout import keep_multiplier
 
 
+def check_one_dtype(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Raise `ValueError` unless q, k and v share one dtype (as SDPA and the Triton kernels require): the result's
+    dtype, and whether a backend runs at all, would otherwise depend on the backend."""
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
 def check_edges(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *edge_tensors: Tensor | None) -> None:
     if q.dim() != 2 or k.dim() != 2 or v.dim() != 2:
         raise ValueError(f"q, k, v must be 2-D (rows, d), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -21,6 +28,7 @@ def check_edges(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *ed
             f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: q, k and v must share "
             "their width d, and k and v their number of rows"
         )
+    check_one_dtype(q, k, v)
     if rows.dtype != torch.int64 or cols.dtype != torch.int64:
         raise TypeError("rows and cols must be int64")
     if rows.shape != cols.shape or rows.dim() != 1:

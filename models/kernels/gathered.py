@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .csr import sparse_kernels_available
 from .dropout import keep_multiplier
-from .edgelist import edge_attention_with_mask
+from .edgelist import check_one_dtype, edge_attention_with_mask
 from .indexing import batch_head_offsets, flatten_heads, unflatten_heads
 from .mixed_slots import MixedSlotAttentionFunction, slot_softmax
 
@@ -28,6 +28,7 @@ def check_gathered(
     """Raise `ValueError` (or `IndexError` for keys out of range) unless the inputs of gathered attention fit."""
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
         raise ValueError(f"expected q (B,H,Nq,d), k/v (B,H,Nk,d), got {tuple(q.shape)}, {tuple(k.shape)}")
+    check_one_dtype(q, k, v)
     if idx.dtype != torch.int64 or idx.dim() not in (4, 5) or idx.shape[:3] != q.shape[:3]:
         raise ValueError(f"idx must be int64 of shape (B,H,Nq,K) or (B,H,Nq,K,J), got {idx.dtype} {tuple(idx.shape)}")
     slots = idx.shape[:4]
@@ -44,6 +45,8 @@ def check_gathered(
             fits = False
         if not fits:
             raise ValueError(f"logit_bias must broadcast to {tuple(slots)}, got {tuple(logit_bias.shape)}")
+    if k.shape[2] == 0 and idx.numel() > 0:  # a shape check, free on every device
+        raise ValueError("k and v have no key rows (Nk = 0) but idx has slots: gathered attention needs a key to read")
     # The fast paths run without invariant checks: reject out-of-range keys on CPU, where the O(E) check costs no
     # host sync (accelerator kernels fault loudly instead).
     if idx.device.type == "cpu" and idx.numel() > 0:

@@ -309,3 +309,13 @@ def test_values_of_another_width_are_refused():
     for width in (v.shape[1] + 2, v.shape[1] - 2):
         with pytest.raises(ValueError, match="share their width"):
             edge_attention(q, k, torch.randn(v.shape[0], width), torch.tensor([0]), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "fast"])
+def test_mixed_input_dtypes_are_refused_on_every_backend(backend):
+    """The reference returned v's dtype and the torch path fp32 for q bf16: one dtype is required, as in SDPA."""
+    q, k, v, _, _, _ = _tensors(torch.float32, 1)
+    rows, cols = torch.tensor([0, 1]), torch.tensor([1, 0])
+    for args in ((q, k.bfloat16(), v.bfloat16()), (q.bfloat16(), k, v), (q, k, v.double())):
+        with pytest.raises(ValueError, match="q, k and v must share one dtype"):
+            edge_attention(*args, rows, cols, backend=backend)

@@ -157,3 +157,21 @@ def test_a_bias_that_only_broadcasts_with_the_slots_is_refused():
     for shape in ((2 * B, H, NQ, K), (1, B, H, NQ, K)):  # another batch; one more axis
         with pytest.raises(ValueError, match="logit_bias must broadcast to"):
             gathered_attention(q, k, v, idx, valid, logit_bias=torch.zeros(shape))
+
+
+@pytest.mark.parametrize("backend", ["reference", "fast"])
+def test_mixed_input_dtypes_are_refused_on_every_backend(backend):
+    """q fp32 with k / v bf16 raised on the reference, and the torch path returned k's dtype for q bf16: the result
+    depended on the backend, so one dtype is required (as SDPA and the Triton kernels require)."""
+    q, k, v, idx, valid, _ = _inputs(torch.float32, 9)
+    for args in ((q, k.bfloat16(), v.bfloat16()), (q.bfloat16(), k, v), (q, k, v.double())):
+        with pytest.raises(ValueError, match="q, k and v must share one dtype"):
+            gathered_attention(*args, idx, valid, backend=backend)
+
+
+def test_no_key_rows_is_named_not_reported_as_an_index_out_of_range():
+    q, k, v, idx, _, _ = _inputs(torch.float32, 10)
+    empty = k[:, :, :0]
+    for valid in (None, torch.zeros(idx.shape, dtype=torch.bool)):  # even with every slot invalid
+        with pytest.raises(ValueError, match=r"no key rows \(Nk = 0\)"):
+            gathered_attention(q, empty, empty, idx.clamp(max=0), valid)

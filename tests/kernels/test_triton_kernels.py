@@ -136,6 +136,50 @@ def test_gathered_kernel_reads_strided_head_views(device):
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=0)
 
 
+def _gathered_against_reference(q, k, v, idx, valid, seed: int, atol: float) -> None:
+    """Triton == reference, output and the gradients of q, k and v."""
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.device)
+    inputs = (q, k, v)
+    triton = _grads(gathered_attention(q, k, v, idx, valid, backend="triton"), inputs, grad_out)
+    detached = [t.detach().contiguous().requires_grad_() for t in inputs]
+    reference = _grads(gathered_attention_reference(*detached, idx, valid), detached, grad_out)
+    _assert_close(triton, reference, atol)
+
+
+def test_gathered_kernel_maps_every_query_block_of_every_head(device):
+    """Several blocks of queries per (batch, head), the last one partial: each program must find its own rows."""
+    g = torch.Generator().manual_seed(4)
+    nq = 37  # three blocks of 16 queries at this head size
+    q = _leaf(torch.randn(2, 3, nq, D, generator=g), device)
+    k, v = (_leaf(torch.randn(2, 3, NK, D, generator=g), device) for _ in range(2))
+    idx = torch.randint(0, NK, (2, 3, nq, K), generator=g).to(device)
+    valid = (torch.rand(2, 3, nq, K, generator=g) < 0.8).to(device)
+    _gathered_against_reference(q, k, v, idx, valid, 4, 2e-5)
+
+
+def test_gathered_kernel_takes_head_size_one_views(device):
+    """A (B, H, N, 1) head view keeps its transposed strides through `.contiguous()` (a size-1 axis counts as
+    contiguous); the launch refused it."""
+    g = torch.Generator().manual_seed(5)
+    # (B, H, NQ, 1) views with strides (.., NQ)
+    q, k, v = (_leaf(torch.randn(B, H, 1, NQ, generator=g), device).transpose(2, 3) for _ in range(3))
+    assert q.stride(-1) != 1
+    idx, valid = _slots(g, None)
+    _gathered_against_reference(q, k, v, idx.clamp(max=NQ - 1).to(device), valid.to(device), 5, 2e-5)
+
+
+@pytest.mark.gpu
+def test_gathered_kernel_runs_more_than_65535_batch_heads():
+    """CUDA caps a grid's second axis at 65,535; the launch used it for B * H."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    g = torch.Generator().manual_seed(6)
+    shape = (8200, 8, 3, 16)  # B * H = 65,600
+    q, k, v = (_leaf(torch.randn(shape, generator=g), "cuda") for _ in range(3))
+    idx = torch.randint(0, 3, (*shape[:3], 2), generator=g).to("cuda")
+    _gathered_against_reference(q, k, v, idx, None, 6, 2e-5)
+
+
 def _edge_case(seed: int, device: str, dtype: torch.dtype = torch.float32):
     g = torch.Generator().manual_seed(seed)
     rows = torch.randint(0, R, (60,), generator=g)

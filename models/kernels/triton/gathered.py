@@ -25,9 +25,14 @@ from .launch import block_d, check_dtypes, row_strides
 
 @triton.jit
 def _query_block(num_heads, num_queries, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's (batch, head) and block of query rows: `bh, b, h, rows, row_ok, dim, dim_ok`."""
-    bh = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    """This program's (batch, head) and block of query rows: `bh, b, h, rows, row_ok, dim, dim_ok`.
+
+    A 1-D grid of `B * H * cdiv(Nq, BLOCK_M)` programs (CUDA's 2**31 - 1 on axis 0; a 2-D grid would cap B * H or
+    the blocks at 65,535), the blocks of one (batch, head) consecutive so that they share its keys in L2."""
+    blocks = tl.cdiv(num_queries, BLOCK_M)
+    pid = tl.program_id(0).to(tl.int64)
+    bh = pid // blocks
+    rows = (pid % blocks).to(tl.int32) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     dim = tl.arange(0, BLOCK_D)
     return bh, bh // num_heads, bh % num_heads, rows, rows < num_queries, dim, dim < D
 
@@ -178,7 +183,7 @@ class GatheredAttentionTriton(torch.autograd.Function):
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(B * H * Nq, dtype=torch.float32, device=q.device)
         meta = _meta(D, entries, dot_product, weight, valid, bias, keep)
-        grid = (triton.cdiv(Nq, meta["BLOCK_M"]), B * H)
+        grid = (triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
             _gathered_fwd[grid](
                 q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), out, lse,
@@ -209,7 +214,7 @@ class GatheredAttentionTriton(torch.autograd.Function):
         dweight = torch.zeros(idx.shape, dtype=torch.float32, device=q.device) if need_weight else None
         dbias = torch.zeros(idx.shape[:4], dtype=torch.float32, device=q.device) if need_bias else None
         meta = _meta(D, entries, ctx.dot_product, weight, valid, bias, keep)
-        grid = (triton.cdiv(Nq, meta["BLOCK_M"]), B * H)
+        grid = (triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
             _gathered_bwd[grid](
                 q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), grad_out, lse,

@@ -25,7 +25,8 @@ def block_d(head_dim: int) -> int:
 
 
 def row_strides(x: Tensor) -> tuple[int, ...]:
-    """Strides of every axis but the last of a `(..., N, d)` tensor whose last axis is contiguous."""
-    if x.stride(-1) != 1:
+    """Strides of every axis but the last of a `(..., N, d)` tensor whose last axis is contiguous (any stride when
+    d = 1: `.contiguous()` keeps such a view as it is, and the kernels read only offset 0 of it)."""
+    if x.stride(-1) != 1 and x.shape[-1] != 1:
         raise ValueError("the last axis must be contiguous")
     return tuple(x.stride()[:-1])
