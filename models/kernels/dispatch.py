@@ -134,8 +134,8 @@ def gathered_attention(
     when `idx` is `(B, H, Nq, K)` and `weight` is None). Its logit is `logit_bias[n, s] + scale * <q_n, k~>` (the dot
     product only when `dot_product`), the softmax runs over the valid slots, dropout multiplies the probabilities
     and `out_n = sum_s p_s v~_s`. Duplicate indices count separately; rows without a valid slot (or whose logits are
-    all -inf) output exact zeros. Gradients reach q, k, v, `weight` and `logit_bias`. Half-precision inputs are
-    accumulated in fp32 and the result has the dtype of `q`.
+    all -inf) output exact zeros. Gradients reach q, k, v, `weight` and `logit_bias`. q, k and v share one dtype
+    (`ValueError` otherwise, as in SDPA); half-precision inputs are accumulated in fp32 and the result has their dtype.
 
     Args:
         q (`torch.Tensor` of shape `(B, H, Nq, d)`): queries.
@@ -156,7 +156,7 @@ def gathered_attention(
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
-        `torch.Tensor` of shape `(B, H, Nq, d)` in the dtype of `q`.
+        `torch.Tensor` of shape `(B, H, Nq, d)` in the dtype of the inputs.
     """
     check_gathered(q, k, v, idx, valid, weight, logit_bias)
     if keep is None and training and dropout_p > 0.0:
@@ -210,7 +210,8 @@ def edge_attention(
     For edge `e = (rows[e], cols[e])`: `s_e = scale * <q[rows[e]], k[cols[e]]> + logit_bias[e]`, `a_e` = softmax of
     `s` over the edges sharing `rows[e]`, and `out[r] = sum_e dropout(a_e) * edge_weight[e] * v[cols[e]]`.
     Duplicate edges count separately; rows without edges (or whose logits are all -inf) output exact zeros.
-    Half-precision inputs are accumulated in fp32 and the result has the dtype of `q`.
+    q, k and v share one dtype (`ValueError` otherwise, as in SDPA); half-precision inputs are accumulated in fp32 and
+    the result has their dtype.
 
     Args:
         q (`torch.Tensor` of shape `(R, d)`): flattened query rows.
@@ -230,7 +231,7 @@ def edge_attention(
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
-        `torch.Tensor` of shape `(R, d)` in the dtype of `q`.
+        `torch.Tensor` of shape `(R, d)` in the dtype of the inputs.
     """
     check_edges(q, k, v, rows, cols, logit_bias, edge_weight, keep)
     if keep is None and training and dropout_p > 0.0:

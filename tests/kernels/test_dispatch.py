@@ -26,7 +26,8 @@ def test_fast_takes_triton_on_cuda_and_the_torch_paths_elsewhere(monkeypatch):
     assert resolve_backend("fast", CPU, torch.float32) == "torch"
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert resolve_backend("fast", CUDA, dtype, dtype, dtype) == "triton"
-    # fp64, mixed dtypes and a missing triton keep the torch paths instead of failing.
+    # fp64, mixed dtypes and a missing triton keep the torch paths instead of failing here (the public functions
+    # refuse mixed dtypes before they resolve a backend).
     assert resolve_backend("fast", CUDA, torch.float64) == "torch"
     assert resolve_backend("fast", CUDA, torch.bfloat16, torch.float32) == "torch"
     monkeypatch.setattr(dispatch, "triton_installed", lambda: False)
