@@ -28,14 +28,15 @@ SCRIPT = textwrap.dedent(
     DTYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "DO": "*bf16", "IDX": "*i64",
               "CROW": "*i64", "COLS": "*i64", "VALID": "*u8", "KEEP": "*u8"}
 
-    def compile_kernel(kernel, meta):
-        # Launch options (num_warps) are compile options; every other key is a constexpr argument.
+    def compile_kernel(kernel, meta, ones=()):
+        # Launch options (num_warps) are compile options; every other key is a constexpr argument. A launch also
+        # specialises an int argument equal to 1 to the constant 1: `ones` names those.
         options = {"num_warps": meta.pop("num_warps")}
         signature, constexprs = {}, {}
         for position, name in enumerate(kernel.arg_names):
-            if name in meta:
+            if name in meta or name in ones:
                 signature[name] = "constexpr"
-                constexprs[(position,)] = meta[name]
+                constexprs[(position,)] = meta.get(name, 1)
             elif name.isupper():
                 signature[name] = DTYPES.get(name, "*fp32")
             else:
@@ -56,6 +57,11 @@ SCRIPT = textwrap.dedent(
         compile_kernel(gathered._gathered_fwd, dict(meta))
         needs = {"NEED_WEIGHT": options[0] is given, "NEED_BIAS": options[2] is given}
         compile_kernel(gathered._gathered_bwd, dict(meta, **needs))
+    # One query of one head (decoding a token): the grid decoding's cdiv then folds over constants.
+    meta = gathered._meta(64, 1, True, absent, given, absent, absent)
+    ones = ("num_heads", "num_queries")
+    compile_kernel(gathered._gathered_fwd, dict(meta), ones)
+    compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), ones)
     for head_dim, flag in ((64, True), (64, False), (128, True)):
         meta = edges._meta(head_dim, *(given if flag else absent for _ in range(3)))
         compile_kernel(edges._edge_fwd, dict(meta))

@@ -146,12 +146,15 @@ def _gathered_against_reference(q, k, v, idx, valid, seed: int, atol: float) -> 
     _assert_close(triton, reference, atol)
 
 
-def test_gathered_kernel_maps_every_query_block_of_every_head(device):
-    """Several blocks of queries per (batch, head), the last one partial: each program must find its own rows."""
+@pytest.mark.parametrize(
+    "nq,head_dim",
+    [pytest.param(37, D, id="3-blocks-of-16-last-partial"), pytest.param(32, 100, id="4-full-blocks-of-8")],
+)
+def test_gathered_kernel_maps_every_query_block_of_every_head(device, nq, head_dim):
+    """Several blocks of queries per (batch, head): each program of the 1-D grid must find its own rows."""
     g = torch.Generator().manual_seed(4)
-    nq = 37  # three blocks of 16 queries at this head size
-    q = _leaf(torch.randn(2, 3, nq, D, generator=g), device)
-    k, v = (_leaf(torch.randn(2, 3, NK, D, generator=g), device) for _ in range(2))
+    q = _leaf(torch.randn(2, 3, nq, head_dim, generator=g), device)
+    k, v = (_leaf(torch.randn(2, 3, NK, head_dim, generator=g), device) for _ in range(2))
     idx = torch.randint(0, NK, (2, 3, nq, K), generator=g).to(device)
     valid = (torch.rand(2, 3, nq, K, generator=g) < 0.8).to(device)
     _gathered_against_reference(q, k, v, idx, valid, 4, 2e-5)
