@@ -20,6 +20,10 @@ Examples:
     python scripts/run_long_eval.py --tasks text --families --variant "a2former:position_embedding_type=sinusoidal" \
         --text_lengths 4096 --text_dense_lengths --text_pooling mean --group_by_length --steps 1500 --batch_size 16 \
         --learning_rate 1e-3 --warmup_steps 150 --pretrain_steps 900 --device cuda --output_dir outputs/lra-text-spt
+    # LRA ListOps trees (500-2,000 tokens) at a CPU budget: the first 900 steps on trees of 100-500 tokens (README
+    # "Long inputs")
+    python scripts/run_long_eval.py --tasks listops --listops_lengths 2048 --steps 1200 --warmup_steps 120 \
+        --group_by_length --listops_curriculum_steps 900 --output_dir outputs/listops-curriculum
     # LRA ListOps at its published budget and size, on a GPU (README "GPU")
     python scripts/run_long_eval.py --tasks listops --listops_lengths 2048 --device cuda --bf16 \
         --hidden_size 512 --num_hidden_layers 6 --num_attention_heads 8 --intermediate_size 2048 \
@@ -44,6 +48,7 @@ from attnzoo.training.long_eval import (  # noqa: E402
     SCHEDULES,
     TEXT_POOLINGS,
     Budget,
+    ListOpsCurriculum,
     ModelSize,
     Row,
     TaskPlan,
@@ -81,6 +86,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar=("MIN", "MAX"),
         default=[ListOpsSettings.min_length, ListOpsSettings.max_length],
         help="token counts of the generated ListOps trees (LRA: 500 2000); shorter trees make a CPU-sized task",
+    )
+    parser.add_argument(
+        "--listops_curriculum_steps",
+        type=int,
+        default=0,
+        help="length curriculum: the first N training steps draw ListOps trees of --listops_curriculum_tree_lengths "
+        "(0: none, LRA's protocol; validation trees are --listops_tree_lengths either way)",
+    )
+    parser.add_argument(
+        "--listops_curriculum_tree_lengths",
+        nargs=2,
+        type=int,
+        metavar=("MIN", "MAX"),
+        default=[100, 500],
+        help="token counts of the curriculum's ListOps trees",
     )
     parser.add_argument("--text_lengths", nargs="+", type=int, default=[4096])
     parser.add_argument("--text_dense_lengths", nargs="*", type=int, default=[1024])
@@ -141,6 +161,24 @@ def table_rows(args: argparse.Namespace) -> list[Row]:
     return [Row(model_type) for model_type in families] + [parse_variant(text) for text in args.variant]
 
 
+def listops_curriculum(args: argparse.Namespace) -> ListOpsCurriculum | None:
+    """The ListOps length curriculum of `--listops_curriculum_steps` (None for 0).
+
+    Raises:
+        ValueError: A negative step count, or one that leaves no step for the task's own trees.
+    """
+    steps = args.listops_curriculum_steps
+    if steps == 0:
+        return None
+    if not 0 < steps < args.steps:
+        raise ValueError(
+            f"--listops_curriculum_steps must be in [0, --steps={args.steps}) so that the training ends on the "
+            f"task's own trees, got {steps}."
+        )
+    low, high = args.listops_curriculum_tree_lengths
+    return ListOpsCurriculum(ListOpsSettings(min_length=low, max_length=high), steps * args.batch_size)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -155,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     listops_settings = ListOpsSettings(
         min_length=args.listops_tree_lengths[0], max_length=args.listops_tree_lengths[1]
     )
+    curriculum = listops_curriculum(args)
     size = ModelSize(args.hidden_size, args.num_hidden_layers, args.num_attention_heads, args.intermediate_size)
     budget = Budget(
         steps=args.steps,
@@ -207,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         device=args.device,
         listops_settings=listops_settings,
         text_pooling=args.text_pooling,
+        listops_curriculum=curriculum,
     )
 
 

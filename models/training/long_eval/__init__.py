@@ -18,6 +18,7 @@ from .seeds import SeedRow, find_row, load_seed_rows, paired_difference, seeds_m
 from .tasks import (
     TASK_NAMES,
     TEXT_POOLINGS,
+    ListOpsCurriculum,
     TaskData,
     imdb_task,
     listops_task,
@@ -47,6 +48,7 @@ __all__ = [
     "TASK_NAMES",
     "TEXT_POOLINGS",
     "Budget",
+    "ListOpsCurriculum",
     "ModelSize",
     "Row",
     "RunSpec",

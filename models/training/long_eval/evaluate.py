@@ -22,6 +22,7 @@ from .report import load_results, results_lock, save_results, write_reports
 from .runner import Budget, ModelSize, RunSpec, stored_budget, train_and_evaluate
 from .tasks import (
     TASK_NAMES,
+    ListOpsCurriculum,
     TaskData,
     check_listops_fits,
     imdb_task,
@@ -88,12 +89,15 @@ def build_task(
     listops_settings: ListOpsSettings | None = None,
     text_pooling: str = "cls",
     tokenizer_dir: str | Path | None = None,
+    listops_curriculum: ListOpsCurriculum | None = None,
 ) -> TaskData:
     """The task encoded at `length` (IMDB and Text read `reviews_file`; ListOps trees follow `listops_settings`,
-    LRA's by default; Text's classifiers pool `text_pooling`, LRA's first token by default; IMDB's tokenizer is kept
-    in `tokenizer_dir` when given)."""
+    LRA's by default, after `listops_curriculum`'s when given; Text's classifiers pool `text_pooling`, LRA's first
+    token by default; IMDB's tokenizer is kept in `tokenizer_dir` when given)."""
     if name == "listops":
-        return listops_task(length, validation_size=validation_size, settings=listops_settings)
+        return listops_task(
+            length, validation_size=validation_size, settings=listops_settings, curriculum=listops_curriculum
+        )
     if reviews_file is None:
         raise ValueError(f"Task {name!r} needs `reviews_file` (a text<TAB>label TSV of IMDB reviews).")
     if name == "imdb":
@@ -132,6 +136,7 @@ def planned_tasks(
     listops_settings: ListOpsSettings | None = None,
     text_pooling: str = "cls",
     tokenizer_dir: str | Path | None = None,
+    listops_curriculum: ListOpsCurriculum | None = None,
 ) -> Iterator[tuple[TaskData, RunSpec]]:
     """`(task data, spec)` for every planned run whose `(task, spec.key)` is not in `skip`; each task is encoded once,
     when a run first needs it."""
@@ -139,13 +144,22 @@ def planned_tasks(
     for task_name, spec in runs:  # every length checked before the first task is built
         if task_name == "listops":
             check_listops_fits(spec.length, listops_settings or ListOpsSettings())
+            if listops_curriculum is not None:
+                check_listops_fits(spec.length, listops_curriculum.settings)
     tasks: dict[tuple[str, int], TaskData] = {}
     for task_name, spec in runs:
         if (task_name, spec.key) in skip:
             continue
         if (task_name, spec.length) not in tasks:
             tasks[(task_name, spec.length)] = build_task(
-                task_name, spec.length, reviews_file, validation_size, listops_settings, text_pooling, tokenizer_dir
+                task_name,
+                spec.length,
+                reviews_file,
+                validation_size,
+                listops_settings,
+                text_pooling,
+                tokenizer_dir,
+                listops_curriculum,
             )
         yield tasks[(task_name, spec.length)], spec
 
@@ -186,9 +200,10 @@ def run_diagnostics(
 
 
 def _check_folder(
-    path: Path, on_disk: dict[str, Any], settings: dict[str, Any], generator: dict[str, Any], task: TaskData | None
+    path: Path, on_disk: dict[str, Any], settings: dict[str, Any], listops: dict[str, Any], task: TaskData | None
 ) -> None:
-    """Refuse to add runs to a results file made under other settings, ListOps trees or task protocol.
+    """Refuse to add runs to a results file made under other settings, ListOps trees (`listops`: the
+    `generator` and the `curriculum`, `None` for none, as the task's info records them) or task protocol.
 
     Raises:
         ValueError: naming the setting that differs (start a new folder).
@@ -204,11 +219,14 @@ def _check_folder(
                 )
     task_info = on_disk.get("task_info", {})
     for length, info in task_info.get("listops", {}).items():
-        if info.get("generator", generator) != generator:
-            raise ValueError(
-                f"{path} holds ListOps runs at length {length} with trees {info['generator']}, not {generator}; "
-                "use a new output folder."
-            )
+        for key, ours in listops.items():
+            # (a folder from before curricula holds no "curriculum": it trained without one)
+            theirs = info.get(key, ours if key == "generator" else None)
+            if theirs != ours:
+                raise ValueError(
+                    f"{path} holds ListOps runs at length {length} with {key} {theirs}, not {ours}; use a new "
+                    "output folder."
+                )
     if task is None:
         return
     for length, info in task_info.get(task.name, {}).items():
@@ -247,11 +265,13 @@ def run_long_eval(
     device: str | torch.device | None = "cpu",
     listops_settings: ListOpsSettings | None = None,
     text_pooling: str = "cls",
+    listops_curriculum: ListOpsCurriculum | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the evaluation and write `long_eval.json`, `long_eval.md` and `long_eval.png`.
 
     `device` is where every run trains (`"auto"`: CUDA when available); each run records it. `listops_settings`
-    shapes the ListOps trees (LRA's by default); a folder holds ListOps runs of one tree shape only. `text_pooling`
+    shapes the ListOps trees (LRA's by default), `listops_curriculum` the trees the training starts with (none by
+    default, LRA's protocol); a folder holds ListOps runs of one tree shape and curriculum only. `text_pooling`
     is the Text task's `classifier_pooling` (LRA's `"cls"` by default); a folder holds Text runs of one pooling only.
     Several processes may share `output_dir`: each merges its runs into the file under a lock, and the IMDB tokenizer
     is trained once per folder (`imdb-tokenizer/`).
@@ -276,10 +296,13 @@ def run_long_eval(
         "torch_threads": torch.get_num_threads(),
         **(settings_note or {}),
     }
-    generator = dataclasses.asdict(listops_settings or ListOpsSettings())
+    listops = {
+        "generator": dataclasses.asdict(listops_settings or ListOpsSettings()),
+        "curriculum": None if listops_curriculum is None else listops_curriculum.describe(),
+    }
     with results_lock(path):
         results = load_results(path)
-        _check_folder(path, results, settings, generator, task=None)
+        _check_folder(path, results, settings, listops, task=None)
     done = {(r["task"], f"{r['label']}@{r['length']}") for r in results["runs"]}
     for task, spec in planned_tasks(
         plans,
@@ -290,16 +313,17 @@ def run_long_eval(
         listops_settings=listops_settings,
         text_pooling=text_pooling,
         tokenizer_dir=output_dir / TOKENIZER_FOLDER,
+        listops_curriculum=listops_curriculum,
     ):
         with results_lock(path):
-            _check_folder(path, load_results(path), settings, generator, task)  # before the device time is spent
+            _check_folder(path, load_results(path), settings, listops, task)  # before the device time is spent
         logger.info("running %s on %s", spec.key, task.name)
         record = train_and_evaluate(task, spec, size, budget, device=device)
         # Check and merge against the file as it is now: another process may share the folder (one per core on a
         # CPU), and may have started under other settings since.
         with results_lock(path):
             on_disk = load_results(path)
-            _check_folder(path, on_disk, settings, generator, task)
+            _check_folder(path, on_disk, settings, listops, task)
             results = _merged(on_disk, settings, task, record)
             save_results(path, results)
             write_reports(output_dir, results)
