@@ -23,13 +23,15 @@ case "$part" in
     listops)
         # The short-tree CPU table's size and learning rate (scripts/results/long-eval-listops-lra/) at LRA's tree
         # lengths, with a longer budget: on this CPU dense attention at 2,048 was still on the label prior after
-        # 1,200 steps of batch 8 (scripts/results/long-eval-listops-2048-cpu/). STEPS / BATCH / SEEDS override.
+        # 1,200 steps of batch 8 (scripts/results/long-eval-listops-2048-cpu/). STEPS / BATCH / SEEDS override;
+        # CURRICULUM=N starts with N steps of 100-500 token trees, as the CPU table did
+        # (scripts/results/long-eval-listops-curriculum/).
         steps="${STEPS:-3000}"
         for s in ${SEEDS:-0 1 2}; do
             for f in dense_transformer a2former sparse_transformer fsat sbm smart_bird; do
                 timeout "$limit" python3 scripts/run_long_eval.py --tasks listops --listops_lengths 2048 \
                     --steps "$steps" --warmup_steps $(( steps / 10 )) --batch_size "${BATCH:-16}" \
-                    --group_by_length --device cuda --seed $s \
+                    --group_by_length --device cuda --seed $s ${CURRICULUM:+--listops_curriculum_steps $CURRICULUM} \
                     --output_dir $W/listops-seed$s --families $f > $W/log-listops-$s-$f.txt 2>&1 &
             done
         done
