@@ -143,6 +143,7 @@ class FSATEdges:
         mean (`torch.Tensor` of shape `(E,)`): the prediction `I_bar` the edge's confidence is centred on.
         predicted (`torch.BoolTensor` of shape `(E,)`): True for predicted edges, False for random and global ones.
         explore (`torch.BoolTensor` of shape `(E,)`): True for the random (training-only exploration) edges.
+        fixed (`torch.BoolTensor` of shape `(E,)`): True for the edges to the global keys.
     """
 
     rows: torch.Tensor
@@ -151,6 +152,7 @@ class FSATEdges:
     mean: torch.Tensor
     predicted: torch.Tensor
     explore: torch.Tensor
+    fixed: torch.Tensor
 
 
 class FSATAttention(ZooAttention):
@@ -286,6 +288,7 @@ class FSATAttention(ZooAttention):
             mean=slot_mean[keep],
             predicted=predicted[keep],
             explore=~predicted[keep],
+            fixed=torch.zeros_like(predicted[keep]),
         )
 
     def add_global_edges(
@@ -297,16 +300,33 @@ class FSATAttention(ZooAttention):
         B, N = valid.shape
         own = (edges.cols % N) >= g
         rows, cols = global_edges(B, self.num_heads, N, N, valid, valid, g, valid.device)
-        fixed = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device)
+        no = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device)
         merged = FSATEdges(
             rows=torch.cat([edges.rows[own], rows]),
             cols=torch.cat([edges.cols[own], cols]),
             query_index=torch.cat([edges.query_index[own], (rows % N).to(torch.float32)]),
             mean=torch.cat([edges.mean[own], (rows % N).to(edges.mean.dtype)]),
-            predicted=torch.cat([edges.predicted[own], fixed]),
-            explore=torch.cat([edges.explore[own], fixed]),
+            predicted=torch.cat([edges.predicted[own], no]),
+            explore=torch.cat([edges.explore[own], no]),
+            fixed=torch.cat([edges.fixed[own], ~no]),
         )
         return merged, torch.cat([conf[own], torch.ones(rows.shape, dtype=conf.dtype, device=conf.device)])
+
+    def softmax_groups(self, edges: FSATEdges, g: int) -> list[torch.Tensor]:
+        """Masks `(E,)` of the edges that share one softmax per query; a query's output is the sum over the groups.
+
+        The graph (predicted edges, and the global keys with `global_key_softmax="shared"`) comes first, then the
+        exploration edges in training, then the global keys with `global_key_softmax="own"`.
+        """
+        apart = []
+        if self.training and self.num_random > 0:
+            apart.append(edges.explore)
+        # Decided from the settings, not from the edges, so that no device sync is needed.
+        if g and self.config.global_key_softmax == "own":
+            apart.append(edges.fixed)
+        if not apart:
+            return [torch.ones_like(edges.explore)]
+        return [~torch.stack(apart).any(0), *apart]
 
     def confidences(self, edges: FSATEdges) -> torch.Tensor:
         """Gaussian confidence `s_e` `(E,)` of every edge, with the truncated gradient in training."""
@@ -388,6 +408,10 @@ class FSATAttention(ZooAttention):
         in training and 1 in eval, so the eval outputs were several times the trained ones (IMDB at 2048: train loss
         0.22, validation loss 1.01). Kept apart, the graph attends identically in training and eval, and every
         exploration edge still gets the confidence gradient `a_e * <dL/do_i, v_j>` that teaches `I_bar`.
+
+        With `global_key_softmax="own"` the global keys get a softmax of their own too: every real query reads them
+        at full weight, however many edges were predicted for it (in one softmax, its global share falls as its
+        predicted edges grow; see the config).
         """
         B, H, N, _ = q.shape
         lengths = valid.sum(-1)  # (B,)
@@ -400,12 +424,13 @@ class FSATAttention(ZooAttention):
         if output_attentions:
             out, weights = self.edge_reference(q, k, v, edges, conf)
             return AttentionOutput(hidden_states=out, attn_weights=weights, density=density)
+        groups = self.softmax_groups(edges, g)
         q_flat, rows = flatten_heads(q), edges.rows
-        explores = self.training and self.num_random > 0
-        if explores:
-            # Exploration edges go to virtual query rows after the real ones: their own softmax per query.
-            rows = torch.where(edges.explore, rows + B * H * N, rows)
-            q_flat = torch.cat([q_flat, q_flat])  # (2*B*H*N, d)
+        if len(groups) > 1:
+            # Group `s` goes to virtual query rows `s * B*H*N + row`: one softmax per query and group, summed below.
+            group = sum(s * mask.long() for s, mask in enumerate(groups))  # (E,)
+            rows = rows + group * (B * H * N)
+            q_flat = q_flat.repeat(len(groups), 1)  # (S*B*H*N, d)
         flat = edge_attention(
             q_flat,
             flatten_heads(k),
@@ -418,8 +443,8 @@ class FSATAttention(ZooAttention):
             training=self.training,
             backend=self.config.attention_backend,
         )
-        if explores:
-            flat = flat[: B * H * N] + flat[B * H * N :]  # graph + exploration, per query
+        if len(groups) > 1:
+            flat = flat.view(len(groups), B * H * N, -1).sum(0)  # per query: the sum of its groups' outputs
         return AttentionOutput(hidden_states=unflatten_heads(flat, B, H, N), density=density)
 
     def edge_reference(
@@ -429,12 +454,12 @@ class FSATAttention(ZooAttention):
 
         A (query, key) pair hit by `c` duplicate edges enters the softmax `c` times, as in the edge kernel: its
         logit gets `+ log c` and its probability is multiplied by the mean confidence of its edges. The exploration
-        edges have a softmax of their own (see `sparse_attend`); the returned weights are the sum of both.
+        edges (and, with `global_key_softmax="own"`, the global keys) have a softmax of their own (see
+        `sparse_attend`); the returned weights are the sum over the softmax groups.
         """
         scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling  # (B, H, N, N)
-        weights = self._pair_weights(scores, edges, conf, ~edges.explore)
-        if bool(edges.explore.any()):
-            weights = weights + self._pair_weights(scores, edges, conf, edges.explore)
+        groups = self.softmax_groups(edges, self.global_positions(q.shape[2]))
+        weights = sum(self._pair_weights(scores, edges, conf, use) for use in groups)
         weights = weights.to(q.dtype)
         if self.training and self.dropout > 0.0:
             weights = F.dropout(weights, p=self.dropout, training=True)

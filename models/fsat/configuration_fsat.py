@@ -13,6 +13,7 @@ from ..core.configuration import SparseZooConfig
 FEATURE_MAPS = ("mlp", "dsconv")
 INDEX_SCALES = ("max_length", "sequence_length")
 INDEX_PRIORS = ("none", "key_position")
+GLOBAL_KEY_SOFTMAXES = ("shared", "own")
 
 
 @strict
@@ -79,6 +80,16 @@ class FSATConfig(SparseZooConfig):
         shared_index_predictor (`bool`, *optional*, defaults to `False`):
             Predict one index set per key shared by all heads (`W_I` of shape `D x M`, the paper's printed shape)
             instead of one per head (`D x H*M`).
+        global_key_softmax (`str`, *optional*, defaults to `"own"`):
+            How a query reads the global keys (`num_global_tokens`). `"own"` (ours, the default): in a softmax of
+            their own, added to the output of the softmax over the query's predicted edges (as the exploration edges
+            are), so that every real query reads the global tokens at full weight however many edges were predicted
+            for it. `"shared"`: in one softmax with the predicted edges, as the other families' global tokens. Then
+            the global share of a query falls as its predicted edges grow: at initialisation on 512-token ListOps
+            inputs it is 0.23 with `index_prior="key_position"` and 0.86 with the paper's predictor, which leaves
+            most queries with the global key alone. With `"shared"` and the key-position prior FSAT left ListOps's
+            label prior late (30.6% against dense attention's 33.8% at LRA's lengths; `"own"`: 33.8%; see the model
+            card, "Long inputs").
 
     Example:
 
@@ -106,11 +117,14 @@ class FSATConfig(SparseZooConfig):
     index_max_length: int | None = None
     index_prior: str = "key_position"
     shared_index_predictor: bool = False
+    global_key_softmax: str = "own"
 
-    # Checkpoints saved before `index_prior` existed were trained with the paper's predictor.
+    # Checkpoints saved before `index_prior` existed were trained with the paper's predictor, and those saved before
+    # `global_key_softmax` with the global keys in the predicted edges' softmax.
     values_before_the_field: ClassVar[dict[str, Any]] = {
         **SparseZooConfig.values_before_the_field,
         "index_prior": "none",
+        "global_key_softmax": "shared",
     }
 
     def check_zoo_fields(self) -> None:
@@ -136,6 +150,10 @@ class FSATConfig(SparseZooConfig):
             raise ValueError(f"`feature_map_act` {self.feature_map_act!r} is not a known activation (see ACT2FN).")
         if self.index_scale not in INDEX_SCALES:
             raise ValueError(f"`index_scale` must be one of {INDEX_SCALES}, got {self.index_scale!r}.")
+        if self.global_key_softmax not in GLOBAL_KEY_SOFTMAXES:
+            raise ValueError(
+                f"`global_key_softmax` must be one of {GLOBAL_KEY_SOFTMAXES}, got {self.global_key_softmax!r}."
+            )
         if self.index_prior not in INDEX_PRIORS:
             raise ValueError(f"`index_prior` must be one of {INDEX_PRIORS}, got {self.index_prior!r}.")
         if self.index_max_length is not None and self.index_max_length < 1:

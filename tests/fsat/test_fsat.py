@@ -173,10 +173,14 @@ def test_exploration_edges_take_no_probability_from_the_graph_inference_keeps(nu
     torch.testing.assert_close(module(x, valid).hidden_states, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("global_key_softmax", ["shared", "own"])
 @pytest.mark.parametrize("backend", ["fast", "reference"])
-def test_training_output_attentions_path_equals_the_edge_kernel_with_exploration(backend):
-    # The dense weights (output_attentions) and the edge kernel split graph and exploration edges the same way.
-    module = attention(num_random_indices=3, num_global_tokens=1, attention_backend=backend).train()
+def test_training_output_attentions_path_equals_the_edge_kernel_with_exploration(backend, global_key_softmax):
+    # The dense weights (output_attentions) and the edge kernel split graph, exploration and (with "own") global
+    # edges into the same softmax groups.
+    module = attention(
+        num_random_indices=3, num_global_tokens=1, attention_backend=backend, global_key_softmax=global_key_softmax
+    ).train()
     x, valid = torch.randn(B, N, D), padded_valid()
     torch.manual_seed(5)
     dense = module(x, valid, output_attentions=True).hidden_states
@@ -223,19 +227,22 @@ def test_key_position_prior_centres_each_key_on_itself_and_keeps_the_range(scale
     assert torch.equal(index[real], positions[real])
 
 
-def test_checkpoints_saved_before_the_index_prior_keep_the_papers_predictor(tmp_path):
+@pytest.mark.parametrize(
+    ("field", "default", "before"), [("index_prior", "key_position", "none"), ("global_key_softmax", "own", "shared")]
+)
+def test_checkpoints_saved_before_a_field_keep_the_behaviour_they_were_trained_with(tmp_path, field, default, before):
     import json
 
     FSATConfig().save_pretrained(tmp_path)
     path = tmp_path / "config.json"
     saved = json.loads(path.read_text())
-    assert saved["index_prior"] == "key_position" and "transformers_version" in saved
-    del saved["index_prior"]
+    assert saved[field] == default and "transformers_version" in saved
+    del saved[field]
     path.write_text(json.dumps(saved))
-    assert FSATConfig.from_pretrained(tmp_path).index_prior == "none"
-    assert FSATConfig.from_pretrained(tmp_path, index_prior="key_position").index_prior == "key_position"
+    assert getattr(FSATConfig.from_pretrained(tmp_path), field) == before
+    assert getattr(FSATConfig.from_pretrained(tmp_path, **{field: default}), field) == default
     # a hand-written dict (no transformers_version) gets the default
-    assert FSATConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4}).index_prior == "key_position"
+    assert getattr(FSATConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4}), field) == default
 
 
 def test_key_position_prior_lets_every_query_receive_predicted_edges_at_initialisation():
@@ -287,12 +294,14 @@ def test_edge_list_over_all_pairs_with_unit_confidence_equals_dense_attention():
     torch.testing.assert_close(unflatten_heads(out, B, H, N), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("global_key_softmax", ["shared", "own"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("num_dominant", [1, 4])
-def test_fast_edge_path_equals_dense_masked_reference_forward_and_backward(train, num_dominant):
+def test_fast_edge_path_equals_dense_masked_reference_forward_and_backward(train, num_dominant, global_key_softmax):
     # Few positions and several slots per key: duplicate (query, key) edges occur and must count twice in both paths.
-    fast = attention(num_dominant_indices=num_dominant, confidence_normalized=True).train(train)
-    reference = attention(num_dominant_indices=num_dominant, confidence_normalized=True, attention_backend="reference")
+    fields = {"num_dominant_indices": num_dominant, "confidence_normalized": True, "num_global_tokens": 2}
+    fast = attention(**fields, global_key_softmax=global_key_softmax).train(train)
+    reference = attention(**fields, global_key_softmax=global_key_softmax, attention_backend="reference")
     reference.train(train)
     x, valid = torch.randn(B, N, D), padded_valid()
     torch.manual_seed(3)
@@ -317,6 +326,28 @@ def test_output_attentions_are_the_weights_applied_to_the_values():
     expected = module.o_proj((weights @ v).transpose(1, 2).reshape(B, N, D))
     torch.testing.assert_close(out.hidden_states, expected, rtol=1e-5, atol=1e-6)
     assert out.density.shape == (B, H) and bool((out.density > 0).all()) and bool((out.density <= 1).all())
+
+
+@pytest.mark.parametrize("num_dominant", [1, 4])
+def test_own_global_softmax_gives_every_query_the_whole_global_read(num_dominant):
+    # "own": every real non-global query reads the global keys at full weight (their softmax sums to 1, confidence
+    # 1), whatever its predicted edges; "shared": the global keys share one softmax with the predicted edges, so a
+    # query with predicted edges reads them at less than 1 (the 0.23 share of ListOps at 512 tokens).
+    x, valid = torch.randn(B, N, D), padded_valid()
+    g = 2
+    real_rows = valid.clone()
+    real_rows[:, :g] = False  # (B, N): real, non-global queries
+    global_weight = {}
+    for mode in ("shared", "own"):
+        module = attention(num_dominant_indices=num_dominant, num_global_tokens=g, global_key_softmax=mode).eval()
+        weights = module(x, valid, output_attentions=True).attn_weights  # (B, H, N, N)
+        global_weight[mode] = weights[..., :g].sum(-1).permute(0, 2, 1)[real_rows]  # (Q, H)
+        total = weights.sum(-1).permute(0, 2, 1)[real_rows]
+        own_edges = total - global_weight[mode]  # the predicted edges' part, with their confidences
+        assert bool((own_edges > 0).any())  # some queries do have predicted edges
+    torch.testing.assert_close(global_weight["own"], torch.ones_like(global_weight["own"]))
+    has_predicted = global_weight["shared"] < 1 - 1e-6
+    assert bool(has_predicted.any()) and bool((global_weight["shared"] <= 1 + 1e-6).all())
 
 
 def test_fat_ablation_is_dense_attention_over_the_pooled_cross():
@@ -355,6 +386,7 @@ def test_fsat_cannot_be_causal_or_cross_attention():
         ("index_scale", "padded_length"),
         ("index_max_length", 0),
         ("index_prior", "query_position"),
+        ("global_key_softmax", "separate"),
     ],
 )
 def test_bad_fsat_fields_raise_value_error_naming_the_field(field, value):
@@ -367,7 +399,7 @@ def test_defaults_follow_the_paper():
     assert config.num_dominant_indices == 4 and config.gradient_truncation and config.use_sparse
     # ours, each with its measurement in the model card: unnormalised confidences and sequence-length scaling
     assert not config.confidence_normalized and config.index_scale == "sequence_length"
-    assert config.index_prior == "key_position"
+    assert config.index_prior == "key_position" and config.global_key_softmax == "own"
     assert config.intermediate_size == 2 * config.hidden_size
     assert config.fsat_confidence_variance == config.max_position_embeddings == config.fsat_index_length
     for size in ("tiny", "small", "base"):
