@@ -18,7 +18,12 @@ from attnzoo.training.long_eval import (
     run_diagnostics,
     text_task,
 )
-from attnzoo.training.long_eval.diagnostics import cls_receptive_field, gradient_norms, padding_attention_share
+from attnzoo.training.long_eval.diagnostics import (
+    cls_receptive_field,
+    global_read_weight,
+    gradient_norms,
+    padding_attention_share,
+)
 from attnzoo.training.long_eval.runner import build_classifier
 
 TINY = ModelSize(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
@@ -85,6 +90,23 @@ def test_no_family_puts_attention_on_padding(task, model_type):
     assert padding_attention_share(model, **padded_batch(task.vocab_size)) == [0.0] * TINY.num_hidden_layers
 
 
+def test_global_read_weight_is_the_weight_of_the_global_keys_in_each_real_query_row(task):
+    batch = padded_batch(task.vocab_size)
+    # FSAT with the global keys in a softmax of their own: every real non-global query reads them at weight 1.
+    own = classifier(task, "fsat", num_global_tokens=2, global_key_softmax="own")
+    assert global_read_weight(own, **batch) == pytest.approx([1.0] * TINY.num_hidden_layers, abs=1e-5)
+    # In one softmax with the predicted edges the read falls below 1 (queries with predicted edges share it).
+    shared = classifier(task, "fsat", num_global_tokens=2, global_key_softmax="shared")
+    assert all(0.0 < read < 1.0 for read in global_read_weight(shared, **batch))
+    # Dense attention (no global token) is measured on the first token: the mean of its rows' weight on key 0.
+    dense = classifier(task, "dense_transformer").eval()
+    weights = dense.base_model(**batch, output_attentions=True).attentions[0]  # (B, H, N, N)
+    queries = batch["attention_mask"].bool().clone()
+    queries[:, 0] = False
+    expected = float(weights[..., 0].transpose(1, 2)[queries].mean())
+    assert global_read_weight(dense, **batch) == pytest.approx([expected], rel=1e-5)
+
+
 def test_gradient_norms_group_the_parameters_by_layer(task):
     model = classifier(task, "dense_transformer", size=ModelSize(16, 2, 2, 32)).train()
     model(**padded_batch(task.vocab_size), labels=torch.tensor([0, 1])).loss.backward()
@@ -119,6 +141,8 @@ def test_diagnose_reports_every_spec_at_initialisation(task):
     assert all(r < n for r, n in zip(records[1]["receptive_field"], records[1]["real_tokens"], strict=True))
     assert records[1]["config"]["num_global_tokens"] == 0 and records[1]["config"]["classifier_pooling"] == "mean"
     assert records[0]["config"]["classifier_pooling"] == "cls"  # LRA Text's protocol, over the family's mean
+    assert all(len(r["global_read"]) == TINY.num_hidden_layers for r in records)
+    assert all(0.0 < read <= 1.0 for r in records for read in r["global_read"])
     markdown = diagnostics_markdown(records)
     assert markdown.count("\n") == 2 + len(specs) and "| cls |" in markdown
     with pytest.raises(ValueError, match="encoded at length 64"):

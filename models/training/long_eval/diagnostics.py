@@ -4,7 +4,9 @@
   autograd in fp64 (the positions whose embedding gradient is above round-off), in eval mode.
 - [`gradient_norms`]: gradient norm of each encoder layer's parameters after one training step's backward.
 - [`padding_attention_share`]: share of attention probability that lands on padded keys (must be 0).
-- [`diagnose`]: all three for freshly initialised classifiers on a few validation examples (`scripts/run_long_eval.py
+- [`global_read_weight`]: how much weight a real query puts on the global keys (the channel through which a summary
+  of the input reaches every position).
+- [`diagnose`]: all four for freshly initialised classifiers on a few validation examples (`scripts/run_long_eval.py
   --diagnose`), and [`diagnostics_markdown`] for the table.
 """
 
@@ -95,6 +97,26 @@ def padding_attention_share(
     return shares
 
 
+@torch.no_grad()
+def global_read_weight(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[float]:
+    """Per layer, the mean weight that the real non-global queries put on the global keys (eval mode).
+
+    The global keys are the first `num_global_tokens` positions; a family without any (the dense one) is measured on
+    the first token. The weights are those applied to the values: FSAT's carry its confidences and, with
+    `global_key_softmax="own"`, the global keys' own softmax, so they need not sum to 1 over a row.
+    """
+    model.eval()
+    g = max(getattr(model.config, "num_global_tokens", 0), 1)
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
+    queries = attention_mask.bool().clone()  # (B, N)
+    queries[:, :g] = False
+    reads: list[float] = []
+    for weights in out.attentions:  # (B, H, N, N)
+        on_global = weights[..., :g].sum(-1).transpose(1, 2)  # (B, N, H)
+        reads.append(float(on_global[queries].mean()))
+    return reads
+
+
 def describe(model: torch.nn.Module) -> dict[str, Any]:
     """The config fields that set how far a family reads (for the diagnostics table)."""
     config = model.config
@@ -111,6 +133,8 @@ def describe(model: torch.nn.Module) -> dict[str, Any]:
         "num_dominant_indices",
         "num_random_indices",
         "index_scale",
+        "index_prior",
+        "global_key_softmax",
         "num_clusters",
         "sampling_backend",
     )
@@ -125,8 +149,8 @@ def diagnose(
 
     Returns:
         One JSON-able record per spec: the pooled token's receptive field per example (real positions that reach it
-        after the last layer), the real lengths, the per-layer padding share and the gradient norms of one training
-        step's backward (dropout on), and the config fields that set how far the family reads.
+        after the last layer), the real lengths, the per-layer padding share and global read weight, the gradient
+        norms of one training step's backward (dropout on), and the config fields that set how far the family reads.
     """
     longest = sorted(range(len(task.validation)), key=lambda i: (-len(task.validation[i][0]), i))[:examples]
     batch = collate([task.validation[i] for i in longest])
@@ -139,6 +163,7 @@ def diagnose(
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         reach = cls_receptive_field(model, **inputs)
         padding = padding_attention_share(model, **inputs)
+        global_read = global_read_weight(model, **inputs)
         model.train()
         model(**batch).loss.backward()
         records.append(
@@ -150,6 +175,7 @@ def diagnose(
                 "real_tokens": batch["attention_mask"].sum(-1).tolist(),
                 "receptive_field": reach,
                 "padding_share": padding,
+                "global_read": global_read,
                 "gradient_norms": gradient_norms(model),
             }
         )
@@ -160,16 +186,18 @@ def diagnostics_markdown(records: Sequence[dict]) -> str:
     """One row per record: how much of each example the first token can see, and where the gradient goes."""
     lines = [
         "| task | model | length | pooling | first token reaches (real tokens, mean over examples) | share | "
-        "largest padding share | gradient norm per layer |",
-        "|---|---|---|---|---|---|---|---|",
+        "largest padding share | global read per layer | gradient norm per layer |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         reach, real = sum(r["receptive_field"]), sum(r["real_tokens"])
         layers = ", ".join(f"{k}: {v:.2g}" for k, v in r["gradient_norms"].items() if k.startswith("layer"))
+        # Records written before the global read was measured have none.
+        reads = " / ".join(f"{v:.2g}" for v in r.get("global_read", [])) or "–"
         lines.append(
             f"| {r['task']} | {r['label']} | {r['length']} | {r['config'].get('classifier_pooling', 'cls')} | "
             f"{reach / len(r['real_tokens']):.0f} of "
             f"{real / len(r['real_tokens']):.0f} | {reach / max(real, 1):.1%} | {max(r['padding_share']):.1g} | "
-            f"{layers} |"
+            f"{reads} | {layers} |"
         )
     return "\n".join(lines) + "\n"
