@@ -71,7 +71,7 @@ def build_model(
     else:
         config = AutoConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
         check_override_fields(type(config), overrides)
-        check_positions_kept(config, overrides.get("position_embedding_type", config.position_embedding_type))
+        check_positions_kept(config, overrides.get("position_embedding_type", trained_positions(config)))
         model, loading = auto_class.from_pretrained(
             model_args.model_name_or_path,
             cache_dir=model_args.cache_dir,
@@ -116,13 +116,19 @@ def check_shapes_kept(source: Any, config: Any) -> None:
         )
 
 
+def trained_positions(config: Any) -> str:
+    """The `position_embedding_type` a checkpoint was trained with. BERT's and RoBERTa's configs in transformers 5.x
+    have no such field: their positions are the learned absolute table."""
+    return getattr(config, "position_embedding_type", "absolute")
+
+
 def check_positions_kept(source: Any, position_embedding_type: str) -> None:
     """Refuse to load a checkpoint under another `position_embedding_type`.
 
     The load would only log it: a learned table is dropped as an unexpected key, or a learned table the checkpoint
     lacks starts random, and the model no longer knows the positions it was trained with.
     """
-    trained = getattr(source, "position_embedding_type", "absolute")
+    trained = trained_positions(source)
     if position_embedding_type != trained:
         raise ValueError(
             f"`position_embedding_type={position_embedding_type!r}` differs from the checkpoint's {trained!r}: its "

@@ -54,6 +54,22 @@ def test_run_mlm_converts_and_continues_pretraining_in_one_run(tmp_path, source_
         run_mlm.main(_mlm_args(folder, "fsat", tmp_path / "run"))
 
 
+def test_run_mlm_continues_a_plain_bert_checkpoint(tmp_path, source_checkpoint):
+    # No `--family`: the checkpoint trains as it is (the warm-start evidence's second source phase). BERT's config in
+    # transformers 5.x has no `position_embedding_type`, and the positions check must not need one.
+    folder, _ = source_checkpoint("BertForMaskedLM")
+    run_mlm = load_script("run_mlm")
+    args = _mlm_args(folder, "sbm", tmp_path / "run")
+    args = args[:2] + args[6:]  # without --family and --max_position_embeddings
+    args[args.index("--max_seq_length") + 1] = "64"  # the source's length
+    result = run_mlm.main(args)
+    assert result["global_step"] == 2 and "eval_loss" in result["metrics"]
+    assert result["model"]["init"] == "checkpoint"
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model_type"] == "bert"
+    with pytest.raises(ValueError, match="position_embedding_type"):
+        run_mlm.main([*args, "--config_overrides", "position_embedding_type=rotary"])
+
+
 def test_family_needs_a_length_and_no_config_path(tmp_path, source_checkpoint):
     folder, _ = source_checkpoint("BertForMaskedLM")
     run_mlm = load_script("run_mlm")
