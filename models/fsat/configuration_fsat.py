@@ -85,8 +85,8 @@ class FSATConfig(SparseZooConfig):
             their own, added to the output of the softmax over the query's predicted edges (as the exploration edges
             are), so that every real query reads the global tokens at full weight however many edges were predicted
             for it. `"shared"`: in one softmax with the predicted edges, as the other families' global tokens. Then
-            the global share of a query falls as its predicted edges grow: at initialisation on 512-token ListOps
-            inputs it is 0.23 with `index_prior="key_position"` and 0.86 with the paper's predictor, which leaves
+            the global share of a query falls as its predicted edges grow: at initialisation on 2048-token ListOps
+            inputs it is 0.24 with `index_prior="key_position"` and 0.89 with the paper's predictor, which leaves
             most queries with the global key alone. With `"shared"` and the key-position prior FSAT left ListOps's
             label prior late (30.6% against dense attention's 33.8% at LRA's lengths; `"own"`: 33.8%; see the model
             card, "Long inputs").
