@@ -70,7 +70,7 @@ class ZooAttention(nn.Module):
     #: attentions); a method's own sparse attention leaves it False and ignores the choice
     uses_attention_interface: ClassVar[bool] = False
     #: each query's attention weights sum to 1 (or 0 for a row without keys); False when the method rescales the
-    #: normalised probabilities (FSAT's confidences), so rows sum to at most 1
+    #: normalised probabilities (FSAT's confidences), so rows sum to at most `max_row_weight` in eval
     weights_are_normalized: ClassVar[bool] = True
     #: adds `config.num_global_tokens` global positions to its encoder self-attention (see `core.global_tokens`);
     #: dense attention needs none (every position already sees every other)
@@ -185,6 +185,12 @@ class ZooAttention(nn.Module):
         merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
         out.hidden_states = self.o_proj(merged)
         return out
+
+    @property
+    def max_row_weight(self) -> float:
+        """The largest sum of a query's attention weights in eval: one per softmax the query's keys are split into
+        (1 for every method but FSAT with `global_key_softmax="own"`)."""
+        return 1.0
 
     def global_positions(self, num_keys: int) -> int:
         """Number of global positions of this layer in a sequence of `num_keys` tokens."""

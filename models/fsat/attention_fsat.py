@@ -312,6 +312,12 @@ class FSATAttention(ZooAttention):
         )
         return merged, torch.cat([conf[own], torch.ones(rows.shape, dtype=conf.dtype, device=conf.device)])
 
+    @property
+    def max_row_weight(self) -> float:
+        # The predicted edges' softmax (scaled by confidences <= 1), plus the global keys' own softmax.
+        own = self.config.global_key_softmax == "own" and self.config.num_global_tokens > 0
+        return 2.0 if own else 1.0
+
     def softmax_groups(self, edges: FSATEdges, g: int) -> list[torch.Tensor]:
         """Masks `(E,)` of the edges that share one softmax per query; a query's output is the sum over the groups.
 
