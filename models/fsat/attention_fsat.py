@@ -17,6 +17,7 @@ Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from transformers.activations import ACT2FN
 from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import global_edges
 from ..core.masking import attention_bool_mask
-from ..kernels import dense_attention, edge_attention, flatten_heads, unflatten_heads
+from ..kernels import dense_attention, dense_masked_attention, edge_attention, flatten_heads, unflatten_heads
 from .configuration_fsat import FSATConfig
 
 
@@ -153,6 +154,10 @@ class FSATEdges:
     predicted: torch.Tensor
     explore: torch.Tensor
     fixed: torch.Tensor
+
+    def select(self, keep: torch.Tensor) -> FSATEdges:
+        """The edges where `keep` `(E,)` is True."""
+        return FSATEdges(*(getattr(self, f.name)[keep] for f in dataclasses.fields(self)))
 
 
 class FSATAttention(ZooAttention):
@@ -430,7 +435,11 @@ class FSATAttention(ZooAttention):
         if output_attentions:
             out, weights = self.edge_reference(q, k, v, edges, conf)
             return AttentionOutput(hidden_states=out, attn_weights=weights, density=density)
-        groups = self.softmax_groups(edges, g)
+        own_global = g > 0 and self.config.global_key_softmax == "own"
+        if own_global:
+            # The global keys' own softmax is a dense (N x g) attention: computed as one, not through the edge list.
+            edges, conf = edges.select(~edges.fixed), conf[~edges.fixed]
+        groups = self.softmax_groups(edges, 0)
         q_flat, rows = flatten_heads(q), edges.rows
         if len(groups) > 1:
             # Group `s` goes to virtual query rows `s * B*H*N + row`: one softmax per query and group, summed below.
@@ -451,7 +460,15 @@ class FSATAttention(ZooAttention):
         )
         if len(groups) > 1:
             flat = flat.view(len(groups), B * H * N, -1).sum(0)  # per query: the sum of its groups' outputs
-        return AttentionOutput(hidden_states=unflatten_heads(flat, B, H, N), density=density)
+        out = unflatten_heads(flat, B, H, N)  # (B, H, N, d)
+        if own_global:
+            # Real queries over the real global keys (confidence 1); a padded query or global key takes no part.
+            mask = valid[:, None, :, None] & valid[:, None, None, :g]  # (B, 1, N, g)
+            reads, _ = dense_masked_attention(
+                q, k[:, :, :g], v[:, :, :g], mask, dropout_p=self.dropout, scale=self.scaling, training=self.training
+            )
+            out = out + reads
+        return AttentionOutput(hidden_states=out, density=density)
 
     def edge_reference(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, edges: FSATEdges, conf: torch.Tensor

@@ -117,11 +117,11 @@ def test_truncation_removes_exactly_the_positive_part_of_the_confidence_gradient
 
 
 def module_grads(
-    module: FSATAttention, x: torch.Tensor, valid: torch.Tensor, seed: int = 7
+    module: FSATAttention, x: torch.Tensor, valid: torch.Tensor, seed: int = 7, output_attentions: bool = False
 ) -> dict[str, torch.Tensor]:
     module.zero_grad()
     torch.manual_seed(seed)  # same random edges in every call
-    out = module(x, valid).hidden_states
+    out = module(x, valid, output_attentions=output_attentions).hidden_states
     (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
     return {n: p.grad.clone() for n, p in module.named_parameters()}
 
@@ -176,10 +176,11 @@ def test_exploration_edges_take_no_probability_from_the_graph_inference_keeps(nu
 @pytest.mark.parametrize("global_key_softmax", ["shared", "own"])
 @pytest.mark.parametrize("backend", ["fast", "reference"])
 def test_training_output_attentions_path_equals_the_edge_kernel_with_exploration(backend, global_key_softmax):
-    # The dense weights (output_attentions) and the edge kernel split graph, exploration and (with "own") global
-    # edges into the same softmax groups.
+    # The dense weights (output_attentions: one masked softmax per group over the edge list) and the fast path (the
+    # edge kernel, and with "own" a dense N x g attention for the global keys) split graph, exploration and global
+    # edges into the same softmax groups, forward and backward.
     module = attention(
-        num_random_indices=3, num_global_tokens=1, attention_backend=backend, global_key_softmax=global_key_softmax
+        num_random_indices=3, num_global_tokens=2, attention_backend=backend, global_key_softmax=global_key_softmax
     ).train()
     x, valid = torch.randn(B, N, D), padded_valid()
     torch.manual_seed(5)
@@ -187,6 +188,9 @@ def test_training_output_attentions_path_equals_the_edge_kernel_with_exploration
     torch.manual_seed(5)
     edges = module(x, valid).hidden_states
     torch.testing.assert_close(dense, edges, rtol=1e-5, atol=1e-6)
+    grads_dense = module_grads(module, x, valid, output_attentions=True)
+    for name, grad in module_grads(module, x, valid).items():
+        torch.testing.assert_close(grad, grads_dense[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_predicted_indices_stay_in_range_and_no_edge_touches_padding():
