@@ -70,8 +70,9 @@ class ZooConfig(PreTrainedConfig):
         num_global_tokens (`int`, *optional*, defaults to 0):
             Global positions of a sparse encoder self-attention (BigBird's ITC, Longformer's global attention): the
             first `num_global_tokens` tokens (the classification token first) attend to every real token and every
-            token attends to them, in the same softmax as the method's own keys, at O(N * g) cost. Sparse families
-            default to 1; the dense family ignores it (every pair is already attended). 0 is the papers' attention.
+            token attends to them, in the same softmax as the method's own keys (FSAT: see its `global_key_softmax`),
+            at O(N * g) cost. Sparse families default to 1; the dense family ignores it (every pair is already
+            attended). 0 is the papers' attention.
         attention_backend (`str`, *optional*, defaults to `"fast"`):
             `"fast"` runs a method's optimised kernels (Triton on CUDA when `triton` is installed, the torch CSR /
             SDPA paths otherwise), `"reference"` the plain implementation over the same sparsity structure, on the

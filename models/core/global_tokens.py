@@ -1,8 +1,9 @@
 """Global tokens for every sparse attention (BigBird's ITC, Longformer's global attention).
 
 The first `num_global_tokens` positions (the classification token at least) are *global*: they attend to every real
-position, and every position attends to them, in the same softmax as the method's own keys. This costs O(N·g) and is
-what lets the pooled token of a sparse model read a whole long document in one layer, whatever the method's pattern.
+position, and every position attends to them, in the same softmax as the method's own keys (FSAT, by default, in a
+softmax of their own: `global_key_softmax`). This costs O(N·g) and is what lets the pooled token of a sparse model read
+a whole long document in one layer, whatever the method's pattern.
 
 The two halves are implemented once, here, and used by every family:
 
