@@ -327,7 +327,8 @@ class FSATAttention(ZooAttention):
         """Masks `(E,)` of the edges that share one softmax per query; a query's output is the sum over the groups.
 
         The graph (predicted edges, and the global keys with `global_key_softmax="shared"`) comes first, then the
-        exploration edges in training, then the global keys with `global_key_softmax="own"`.
+        exploration edges in training, then the global keys with `global_key_softmax="own"`. `g` is the number of
+        global keys whose edges `edges` holds (0 where they were taken out, as the fast path computes them apart).
         """
         apart = []
         if self.training and self.num_random > 0:
