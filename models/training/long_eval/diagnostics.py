@@ -82,22 +82,49 @@ def gradient_norms(model: torch.nn.Module) -> dict[str, float]:
 
 
 @torch.no_grad()
-def padding_attention_share(
+def eval_attentions(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> list[float]:
-    """Per layer, the largest share of any real query's attention that falls on padded keys (eval mode)."""
+) -> tuple[torch.Tensor, ...]:
+    """Every layer's attention weights `(B, H, N, N)`, applied to the values, in eval mode."""
     model.eval()
-    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
+    return model.base_model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True).attentions
+
+
+def padding_shares(attentions: Sequence[torch.Tensor], attention_mask: torch.Tensor) -> list[float]:
+    """Per layer of `attentions`, the largest share of any real query's attention that falls on padded keys."""
     padded = ~attention_mask.bool()  # (B, N)
     real_query = attention_mask.bool()[:, None, :, None]  # (B, 1, N, 1)
     shares: list[float] = []
-    for weights in out.attentions:  # (B, H, N, N)
+    for weights in attentions:  # (B, H, N, N)
         on_padding = (weights * padded[:, None, None, :]).sum(-1, keepdim=True)  # (B, H, N, 1)
         shares.append(float(on_padding.masked_fill(~real_query, 0).max()))
     return shares
 
 
-@torch.no_grad()
+def global_reads(attentions: Sequence[torch.Tensor], attention_mask: torch.Tensor, g: int) -> list[float]:
+    """Per layer of `attentions`, the mean weight that the real queries after the first `g` put on the first `g`
+    keys."""
+    queries = attention_mask.bool().clone()  # (B, N)
+    queries[:, :g] = False
+    reads: list[float] = []
+    for weights in attentions:  # (B, H, N, N)
+        on_global = weights[..., :g].sum(-1).transpose(1, 2)  # (B, N, H)
+        reads.append(float(on_global[queries].mean()))
+    return reads
+
+
+def global_keys_of(model: torch.nn.Module) -> int:
+    """The global keys `global_read_weight` measures: `num_global_tokens`, or the first token without any."""
+    return max(getattr(model.config, "num_global_tokens", 0), 1)
+
+
+def padding_attention_share(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> list[float]:
+    """Per layer, the largest share of any real query's attention that falls on padded keys (eval mode)."""
+    return padding_shares(eval_attentions(model, input_ids, attention_mask), attention_mask)
+
+
 def global_read_weight(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[float]:
     """Per layer, the mean weight that the real non-global queries put on the global keys (eval mode).
 
@@ -105,16 +132,7 @@ def global_read_weight(model: torch.nn.Module, input_ids: torch.Tensor, attentio
     the first token. The weights are those applied to the values: FSAT's carry its confidences and, with
     `global_key_softmax="own"`, the global keys' own softmax, so they need not sum to 1 over a row.
     """
-    model.eval()
-    g = max(getattr(model.config, "num_global_tokens", 0), 1)
-    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
-    queries = attention_mask.bool().clone()  # (B, N)
-    queries[:, :g] = False
-    reads: list[float] = []
-    for weights in out.attentions:  # (B, H, N, N)
-        on_global = weights[..., :g].sum(-1).transpose(1, 2)  # (B, N, H)
-        reads.append(float(on_global[queries].mean()))
-    return reads
+    return global_reads(eval_attentions(model, input_ids, attention_mask), attention_mask, global_keys_of(model))
 
 
 def describe(model: torch.nn.Module) -> dict[str, Any]:
@@ -162,8 +180,11 @@ def diagnose(
         model = build_classifier(task, spec, size)
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         reach = cls_receptive_field(model, **inputs)
-        padding = padding_attention_share(model, **inputs)
-        global_read = global_read_weight(model, **inputs)
+        # One eval forward for both attention measurements (the weights are N x N per layer and head).
+        attentions = eval_attentions(model, **inputs)
+        padding = padding_shares(attentions, inputs["attention_mask"])
+        global_read = global_reads(attentions, inputs["attention_mask"], global_keys_of(model))
+        del attentions
         model.train()
         model(**batch).loss.backward()
         records.append(
