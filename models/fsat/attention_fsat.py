@@ -318,10 +318,14 @@ class FSATAttention(ZooAttention):
         return merged, torch.cat([conf[own], torch.ones(rows.shape, dtype=conf.dtype, device=conf.device)])
 
     @property
+    def global_keys_apart(self) -> bool:
+        """Whether the global keys have a softmax of their own (`global_key_softmax="own"` and any global token)."""
+        return self.config.global_key_softmax == "own" and self.config.num_global_tokens > 0
+
+    @property
     def max_row_weight(self) -> float:
         # The predicted edges' softmax (scaled by confidences <= 1), plus the global keys' own softmax.
-        own = self.config.global_key_softmax == "own" and self.config.num_global_tokens > 0
-        return 2.0 if own else 1.0
+        return 2.0 if self.global_keys_apart else 1.0
 
     def softmax_groups(self, edges: FSATEdges, g: int) -> list[torch.Tensor]:
         """Masks `(E,)` of the edges that share one softmax per query; a query's output is the sum over the groups.
@@ -334,7 +338,7 @@ class FSATAttention(ZooAttention):
         if self.training and self.num_random > 0:
             apart.append(edges.explore)
         # Decided from the settings, not from the edges, so that no device sync is needed.
-        if g and self.config.global_key_softmax == "own":
+        if g and self.global_keys_apart:
             apart.append(edges.fixed)
         if not apart:
             return [torch.ones_like(edges.explore)]
@@ -436,7 +440,7 @@ class FSATAttention(ZooAttention):
         if output_attentions:
             out, weights = self.edge_reference(q, k, v, edges, conf)
             return AttentionOutput(hidden_states=out, attn_weights=weights, density=density)
-        own_global = g > 0 and self.config.global_key_softmax == "own"
+        own_global = g > 0 and self.global_keys_apart
         if own_global:
             # The global keys' own softmax is a dense (N x g) attention: computed as one, not through the edge list.
             edges, conf = edges.select(~edges.fixed), conf[~edges.fixed]
