@@ -14,7 +14,7 @@ if __name__ != "attnzoo":
 
 __version__ = "0.1.0"
 
-from . import a2former, dense, fsat, sbm, smart_bird, sparse_transformer
+from . import a2former, dense_transformer, fsat, sbm, smart_bird, sparse_transformer
 from .a2former import (
     A2FormerConfig,
     A2FormerForConditionalGeneration,
@@ -23,7 +23,7 @@ from .a2former import (
     A2FormerModel,
 )
 from .core import SparseZooConfig, ZooConfig
-from .dense import (
+from .dense_transformer import (
     DenseTransformerConfig,
     DenseTransformerForConditionalGeneration,
     DenseTransformerForMaskedLM,
@@ -93,7 +93,7 @@ __all__ = [
     "ZooConfig",
     "__version__",
     "a2former",
-    "dense",
+    "dense_transformer",
     "fsat",
     "register_family",
     "sbm",

@@ -1,4 +1,4 @@
-"""Shared pieces of the inspection scripts (`scripts/plot_*.py`): arguments, model and inputs.
+"""Shared pieces of the inspection scripts (`scripts/tools/plot_*.py`): arguments, model and inputs.
 
 Every script inspects one encoder run: it builds a model from a config file (random weights) or a checkpoint, encodes
 a text or random tokens, and writes a figure. The scripts subclass :class:`InspectionArguments` to add their own

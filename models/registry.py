@@ -25,13 +25,11 @@ class Family:
     """A method of the zoo: its config, its four model classes and its encoder attention.
 
     Args:
-        name (`str`): folder name under `configs/models/` and `model_cards/` (e.g. `"dense"`).
         config_class: the family's `ZooConfig` subclass (its `model_type` is the Auto key).
         model_class / masked_lm_class / sequence_classification_class / conditional_generation_class: the heads.
         attention_class: the encoder self-attention of the family.
     """
 
-    name: str
     config_class: type[ZooConfig]
     model_class: type[ZooModel]
     masked_lm_class: type[ZooForMaskedLM]
@@ -41,6 +39,11 @@ class Family:
 
     @property
     def model_type(self) -> str:
+        return self.config_class.model_type
+
+    @property
+    def name(self) -> str:
+        """The family's one name: its `model_type`, also its folder under `models/`, `configs/models/` and its card."""
         return self.config_class.model_type
 
     @property

@@ -1,18 +1,14 @@
-"""Helpers shared by the test suites of every family: repository configs, tiny models, and an SST-2 fine-tuning run.
+"""Helpers for testing attnzoo models: a gradient probe, per-parameter gradient comparison, a family lookup, and
+a trivially learnable task that checks a default classifier learns.
 
-They read the repository's `configs/` and `tests/fixtures/` folders, so they work from a source checkout.
+Nothing here reads files: the helpers that need a source checkout (its `configs/`, `scripts/` and `tests/fixtures/`)
+live in the test suite (`tests/source_checkout.py`).
 """
 
 from __future__ import annotations
 
-import csv
-import functools
-import importlib.util
 import json
-import sys
-import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -20,45 +16,32 @@ import torch
 from .core.configuration import ZooConfig
 from .registry import FAMILIES, Family
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SST2_DIR = REPO_ROOT / "tests" / "fixtures" / "data" / "glue" / "SST-2"
-
-
-@functools.cache
-def load_script(name: str) -> ModuleType:
-    """
-    Import `scripts/<name>.py` as a module (once per process), so tests call its `main(argv)` in-process instead of
-    paying a child process's imports. The module is registered in `sys.modules`: dataclasses defined in a script look
-    their module up there.
-    """
-    path = REPO_ROOT / "scripts" / f"{name}.py"
-    if not path.is_file():
-        raise FileNotFoundError(f"no script named {name!r}: {path} does not exist")
-    spec = importlib.util.spec_from_file_location(f"attnzoo_script_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def family_by_name(name: str) -> Family:
-    """Look a family up by its folder name (`"dense"`) or its `model_type` (`"dense_transformer"`)."""
-    for family in FAMILIES.values():
-        if name in (family.name, family.model_type):
-            return family
+    """Look a family up by its name (its `model_type`, e.g. `"dense_transformer"`)."""
+    if name in FAMILIES:
+        return FAMILIES[name]
     raise KeyError(f"Unknown family {name!r}; registered: {sorted(f.name for f in FAMILIES.values())}.")
 
 
-def load_config(family: Family | str, size: str = "tiny", **overrides: Any) -> ZooConfig:
-    """Build a family's config from `configs/models/<family>/<size>.json`, with field overrides."""
+def config_from_file(family: Family | str, path: str | Path, **overrides: Any) -> ZooConfig:
+    """A family's config from a plain `config.json`-style file (`configs/models/<family>/<size>.json` in a checkout),
+    with field overrides.
+
+    Args:
+        family ([`~attnzoo.registry.Family`] or `str`): the family, or its name.
+        path (`str` or `Path`): the JSON file; its `model_type`, if any, must be the family's.
+        overrides: config fields to set on top of the file's.
+    """
     family = family_by_name(family) if isinstance(family, str) else family
-    path = REPO_ROOT / "configs" / "models" / family.name / f"{size}.json"
+    path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"No config file {path} (run from a source checkout of attnzoo).")
-    fields = json.loads(path.read_text())
-    fields.pop("model_type", None)
-    fields.update(overrides)
-    return family.config_class(**fields)
+        raise FileNotFoundError(f"No config file {path}.")
+    fields = json.loads(path.read_text(encoding="utf-8"))
+    model_type = fields.pop("model_type", family.model_type)
+    if model_type != family.model_type:
+        raise ValueError(f"{path} is a {model_type!r} config, not a {family.model_type!r} one.")
+    return family.config_class(**{**fields, **overrides})
 
 
 def probe_loss(hidden: torch.Tensor, mask: torch.Tensor | None = None, seed: int = 1) -> torch.Tensor:
@@ -96,99 +79,6 @@ def assert_same_gradients(
     for name, grad in grads.items():
         tolerance = atol * float(expected[name].abs().max()) + atol_of_largest * largest
         torch.testing.assert_close(grad, expected[name], atol=tolerance, rtol=rtol, msg=name)
-
-
-def read_sst2(split: str) -> tuple[list[str], list[int]]:
-    """Sentences and labels of the bundled SST-2 slice (`split` is `"train"` or `"dev"`)."""
-    with open(SST2_DIR / f"{split}.tsv", newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    return [r["sentence"] for r in rows], [int(r["label"]) for r in rows]
-
-
-@functools.lru_cache(maxsize=2)
-def sst2_tokenizer(vocab_size: int = 2000):
-    """A WordPiece tokenizer trained on the bundled SST-2 training sentences (cached per process)."""
-    from .tokenization import train_wordpiece_tokenizer
-
-    sentences, _ = read_sst2("train")
-    return train_wordpiece_tokenizer(sentences, vocab_size=vocab_size, model_max_length=512)
-
-
-def _batches(tokenizer, sentences, labels, batch_size, max_length, generator=None):
-    order = torch.randperm(len(sentences), generator=generator) if generator is not None else range(len(sentences))
-    order = list(order)
-    for start in range(0, len(order), batch_size):
-        idx = [int(i) for i in order[start : start + batch_size]]
-        enc = tokenizer(
-            [sentences[i] for i in idx], padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-        )
-        yield enc, torch.tensor([labels[i] for i in idx])
-
-
-def train_and_eval_sst2(
-    family_name: str,
-    config_overrides: dict[str, Any] | None = None,
-    steps: int = 300,
-    seed: int = 0,
-    batch_size: int = 32,
-    learning_rate: float = 1e-3,
-    max_length: int = 64,
-) -> dict[str, float]:
-    """Fine-tune a tiny model of a family on bundled SST-2 from scratch and evaluate it on the bundled dev slice.
-
-    Identical data order, tokenizer, sizes and optimiser for every family, so accuracies are comparable.
-
-    Returns:
-        `{"accuracy": ..., "train_seconds": ..., "final_loss": ...}`
-    """
-    torch.manual_seed(seed)
-    tokenizer = sst2_tokenizer()
-    config = load_config(family_name, "tiny", vocab_size=len(tokenizer), num_labels=2, **(config_overrides or {}))
-    model = family_by_name(family_name).sequence_classification_class(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 30))
-    sentences, labels = read_sst2("train")
-    generator = torch.Generator().manual_seed(seed)
-    model.train()
-    step, loss, start = 0, torch.tensor(0.0), time.perf_counter()
-    while step < steps:
-        for enc, y in _batches(tokenizer, sentences, labels, batch_size, max_length, generator):
-            loss = model(**enc, labels=y).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-            step += 1
-            if step >= steps:
-                break
-    train_seconds = time.perf_counter() - start
-    model.eval()
-    dev_sentences, dev_labels = read_sst2("dev")
-    correct = 0
-    with torch.no_grad():
-        for enc, y in _batches(tokenizer, dev_sentences, dev_labels, 128, max_length):
-            correct += int((model(**enc).logits.argmax(-1) == y).sum())
-    return {
-        "accuracy": correct / len(dev_labels),
-        "train_seconds": train_seconds,
-        "final_loss": float(loss.detach()),
-    }
-
-
-def mean_sst2_accuracy(
-    family_name: str,
-    config_overrides: dict[str, Any] | None = None,
-    seeds: tuple[int, ...] = (0, 1, 2),
-    steps: int = 300,
-) -> float:
-    """Dev accuracy of [`train_and_eval_sst2`] averaged over `seeds`.
-
-    One 300-step run on 800 dev sentences moves by 1-3 points from seed to seed (initialisation and data order), as
-    much as the gaps that the slow tests compare; the mean over a few seeds compares the families, not the seeds.
-    """
-    runs = [train_and_eval_sst2(family_name, config_overrides, steps=steps, seed=seed) for seed in seeds]
-    return sum(run["accuracy"] for run in runs) / len(runs)
 
 
 def majority_token_batch(

@@ -452,6 +452,9 @@ def iter_texts_from_dataset(
     Raises:
         ValueError: If the split or the column does not exist.
     """
+    from .extras import require
+
+    require("train", "datasets")
     from datasets import load_dataset  # Imported lazily: `datasets` is slow to import and only needed here.
 
     builder = name_or_path

@@ -11,7 +11,7 @@ The table is written as `results.md` and `results.json` with a plot `results.png
 
 ```bash
 python scripts/demo.py                      # everything: a 60 s MLM, then 100 SST-2 steps per family
-python scripts/demo.py --families dense,sbm --sst2_steps 600 --mlm_seconds 30
+python scripts/demo.py --families dense_transformer,sbm --sst2_steps 600 --mlm_seconds 30
 ```
 """
 
@@ -35,10 +35,14 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# The SST-2 fine-tune of the test suite reads the bundled data of this checkout.
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+
 import attnzoo  # noqa: E402  (registers every family)
-from attnzoo.testing import REPO_ROOT, train_and_eval_sst2  # noqa: E402
 from attnzoo.tokenization import iter_texts_from_files, train_wordpiece_tokenizer  # noqa: E402
 from attnzoo.training import TimeLimitCallback  # noqa: E402
+from source_checkout import train_and_eval_sst2  # noqa: E402
 
 DATA = REPO_ROOT / "tests" / "fixtures" / "data"
 FILL_MASK_SENTENCES = (
@@ -91,7 +95,7 @@ def part_mlm(out: Path, steps: int, seconds: float, seed: int) -> dict[str, Any]
     if mlm_dir.exists():
         shutil.rmtree(mlm_dir)  # the demo's own folder from an earlier run
     argv = [
-        "--config_path", str(REPO_ROOT / "configs" / "models" / "dense" / "tiny.json"),
+        "--config_path", str(REPO_ROOT / "configs" / "models" / "dense_transformer" / "tiny.json"),
         "--tokenizer_name_or_path", str(tokenizer_dir),
         "--train_file", str(DATA / "text" / "wikitext_train.txt"),
         "--validation_file", str(DATA / "text" / "wikitext_valid.txt"),
@@ -190,7 +194,7 @@ def part_families(families: list[str], steps: int, seed: int) -> list[dict[str, 
 
 
 def format_table(rows: list[dict[str, Any]], steps: int) -> str:
-    dense = next((r for r in rows if r["family"] == "dense" and r["accuracy"] is not None), None)
+    dense = next((r for r in rows if r["family"] == "dense_transformer" and r["accuracy"] is not None), None)
     lines = [
         f"| family | SST-2 dev accuracy | vs dense | training time ({steps} steps) | peak memory growth |",
         "|---|---:|---:|---:|---:|",
@@ -227,7 +231,7 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> Path | None:
     )
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, (title, values) in zip(axes, panels, strict=True):
-        bars = ax.bar(names, values, color=["#888888" if n == "dense" else "#3b7dd8" for n in names])
+        bars = ax.bar(names, values, color=["#888888" if n == "dense_transformer" else "#3b7dd8" for n in names])
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
         ax.set_title(title)
         ax.tick_params(axis="x", rotation=30)
@@ -249,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown families {unknown}; registered: {registered}", file=sys.stderr)
         return 2
     # Dense first: it is the reference of the comparison.
-    families.sort(key=lambda n: (n != "dense", n))
+    families.sort(key=lambda n: (n != "dense_transformer", n))
     start = time.perf_counter()
     summary: dict[str, Any] = {"seed": args.seed}
     if not args.skip_mlm:

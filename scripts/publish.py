@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from transformers import HfArgumentParser
 
 import attnzoo  # noqa: F401  (registers the families)
 from attnzoo.hub import PublishError, PublishOptions, assemble, upload
+
+CARD_DIR = Path(__file__).resolve().parent.parent / "model_cards"
 
 
 @dataclass
@@ -29,6 +32,8 @@ class PushOptions:
 
 def main(argv: list[str] | None = None) -> int:
     parser = HfArgumentParser((PublishOptions, PushOptions), description=__doc__.split("\n\n")[0])
+    # The cards are text of this checkout, not of the installed package.
+    parser.set_defaults(card_dir=str(CARD_DIR))
     options, push = parser.parse_args_into_dataclasses(args=argv)
     try:
         assembled = assemble(options)

@@ -6,7 +6,7 @@
 #   bash scripts/run.sh test-oldest  -> the same suite against the oldest supported transformers release
 #                                       (5.17.0, the GPU machine's), in a second environment (.venv-oldest)
 #   bash scripts/run.sh demo         -> trains a tokenizer and tiny models on bundled data and prints the results
-#   bash scripts/run.sh gpu [STAGE ...] [--dry-run] -> the GPU validation (scripts/gpu_check.py): pytest -m gpu, the
+#   bash scripts/run.sh gpu [STAGE ...] [--dry-run] -> the GPU validation (scripts/tools/gpu_check.py): pytest -m gpu, the
 #                                       CUDA bf16 benchmark, a bf16 fine-tune per family; with the machine's own
 #                                       python3/torch/transformers, no network and no venv (see the README's "GPU")
 set -euo pipefail
@@ -18,7 +18,8 @@ TORCH_VERSION="${ATTNZOO_TORCH_VERSION:-2.13.0}"
 # Lower end of `transformers>=...` in pyproject.toml; CI tests both ends of the range.
 OLDEST_TRANSFORMERS="5.17.0"
 
-# setup_venv DIR [EXTRA_REQUIREMENT...]: create DIR with the pinned torch and attnzoo (editable, dev + plots extras).
+# setup_venv DIR [EXTRA_REQUIREMENT...]: create DIR with the pinned torch and attnzoo (editable, with the dev extra:
+# training, plots, triton and the test tools).
 setup_venv() {
     local venv="$1"
     shift
@@ -32,9 +33,9 @@ setup_venv() {
         "$venv/bin/pip" install --quiet "torch==$TORCH_VERSION"
     fi
     local stamp="$venv/.attnzoo-installed"
-    if ! "$venv/bin/python" -c "import attnzoo, pytest, ruff, matplotlib" 2>/dev/null \
+    if ! "$venv/bin/python" -c "import attnzoo, pytest, ruff, matplotlib, datasets, xdist" 2>/dev/null \
         || [ pyproject.toml -nt "$stamp" ] || [ "$*" != "$(cat "$stamp" 2>/dev/null)" ]; then
-        "$venv/bin/pip" install --quiet -e ".[dev,plots]" "$@"
+        "$venv/bin/pip" install --quiet -e ".[dev]" "$@"
         echo "$*" >"$stamp"
     fi
 }
@@ -71,7 +72,7 @@ case "$task" in
             ln -sfn "$PWD/models" "$site/attnzoo"
         fi
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-        "$GPU_PY" scripts/gpu_check.py "$@"
+        "$GPU_PY" scripts/tools/gpu_check.py "$@"
         ;;
     *)
         echo "usage: bash scripts/run.sh {test|test-oldest|demo|gpu} [extra args]" >&2

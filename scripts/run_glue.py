@@ -5,7 +5,7 @@ Examples:
 
 ```bash
 # SST-2 from the original GLUE TSV files, from scratch with a local tokenizer
-python scripts/run_glue.py --task_name sst2 --config_path configs/models/dense/tiny.json \
+python scripts/run_glue.py --task_name sst2 --config_path configs/models/dense_transformer/tiny.json \
     --tokenizer_name_or_path out/tokenizer \
     --train_file tests/fixtures/data/glue/SST-2/train.tsv --validation_file tests/fixtures/data/glue/SST-2/dev.tsv \
     --max_steps 300 --output_dir out/sst2

@@ -4,7 +4,7 @@ Tasks (all validation splits held out here, none is a test set): IMDB reviews as
 reviews split 2,000 / 500 with seed 0), LRA Text (the same split, one token per byte) and LRA ListOps (generated on the
 fly; validation from its own seed). Writes `long_eval.json` (every run, with its loss curve), `long_eval.md` and
 `long_eval.png` (accuracy against length) into `--output_dir`; re-running the same command resumes after the last
-finished run. The logic lives in `attnzoo.training.long_eval`.
+finished run. The logic lives in `attnzoo.evaluation`.
 
 Examples:
     # the README table (CPU, one thread per process; hours)
@@ -36,15 +36,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from attnzoo.registry import FAMILIES  # noqa: E402
-from attnzoo.training.data.listops import ListOpsSettings  # noqa: E402
-from attnzoo.training.long_eval import (  # noqa: E402
-    DEFAULT_REVIEWS_FILE,
+from attnzoo.evaluation import (  # noqa: E402
     SCHEDULES,
     TEXT_POOLINGS,
     Budget,
@@ -56,6 +54,13 @@ from attnzoo.training.long_eval import (  # noqa: E402
     parse_variant,
     run_diagnostics,
     run_long_eval,
+)
+from attnzoo.registry import FAMILIES  # noqa: E402
+from attnzoo.training.data.listops import ListOpsSettings  # noqa: E402
+
+#: The 2,500 IMDB reviews shipped with a source checkout (another file: `--reviews_file`).
+DEFAULT_REVIEWS_FILE = (
+    Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "data" / "imdb" / "train_subset_2500.tsv"
 )
 
 

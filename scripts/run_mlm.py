@@ -8,7 +8,8 @@ Examples:
 # Tiny dense MLM on the bundled WikiText slice, with a locally trained tokenizer
 python scripts/train_tokenizer.py --files tests/fixtures/data/text/wikitext_train.txt --vocab_size 4000 \
     --output_dir out/tokenizer
-python scripts/run_mlm.py --config_path configs/models/dense/tiny.json --tokenizer_name_or_path out/tokenizer \
+python scripts/run_mlm.py --config_path configs/models/dense_transformer/tiny.json \
+    --tokenizer_name_or_path out/tokenizer \
     --train_file tests/fixtures/data/text/wikitext_train.txt \
     --validation_file tests/fixtures/data/text/wikitext_valid.txt \
     --max_seq_length 128 --max_steps 200 --output_dir out/mlm

@@ -6,7 +6,7 @@ Examples:
 
 ```bash
 # CNN/DailyMail from the original .story files, split by the official URL lists
-python scripts/run_summarization.py --config_path configs/models/dense/tiny.json \
+python scripts/run_summarization.py --config_path configs/models/dense_transformer/tiny.json \
     --tokenizer_name_or_path out/tokenizer \
     --train_file tests/fixtures/data/cnn_dailymail/cnn_stories \
     --train_url_list tests/fixtures/data/cnn_dailymail/url_lists/all_train.txt \

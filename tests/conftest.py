@@ -1,11 +1,14 @@
-"""Test configuration: offline mode, GPU skipping, optional extra families, and no deprecated transformers API."""
+"""Test configuration: offline mode, GPU skipping, optional extra families, no deprecated transformers API, and the
+fixtures the program tests share (one small tokenizer per session, the bundled data folder)."""
 
 from __future__ import annotations
 
 import importlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -19,6 +22,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import attnzoo  # noqa: E402, F401  (registers every family)
+import source_checkout  # noqa: E402
+from attnzoo.tokenization import iter_texts_from_files, train_wordpiece_tokenizer  # noqa: E402
+from source_checkout import FIXTURES  # noqa: E402
 
 # Families still under development register themselves when named here, e.g. ATTNZOO_FAMILIES=sbm,fsat.
 for _name in filter(None, os.environ.get("ATTNZOO_FAMILIES", "").split(",")):
@@ -60,3 +66,52 @@ def no_transformers_deprecation_notices() -> Iterator[None]:
         logger.removeHandler(handler)
     if handler.messages:
         pytest.fail("transformers logged a deprecation: " + " | ".join(dict.fromkeys(handler.messages)))
+
+
+@pytest.fixture(scope="session")
+def synthetic_script() -> ModuleType:
+    """The SBM synthetic-task study (`scripts/experiments/sbm-synthetic/run.py`), imported as a module: the SBM
+    method tests reproduce the paper's Figure 4 with it, and the study's own tests check it."""
+    return source_checkout.load_script("experiments/sbm-synthetic/run")
+
+
+# ----- shared by the program tests (tests/scripts, tests/training, tests/experiments) -----
+
+
+@pytest.fixture(scope="session")
+def load_script() -> Callable[[str], ModuleType]:
+    """`load_script(name)` imports the program `scripts/<name>.py` as a module, so tests call its `main(argv)`
+    in-process."""
+    return source_checkout.load_script
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 1000-token WordPiece tokenizer trained on bundled WikiText (shared by every script test)."""
+    path = tmp_path_factory.mktemp("tokenizer")
+    texts = iter_texts_from_files(
+        [FIXTURES / "text" / "wikitext_train.txt", FIXTURES / "glue" / "SST-2" / "train.tsv"]
+    )
+    train_wordpiece_tokenizer(texts, vocab_size=1000, model_max_length=512).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def quiet_args(tokenizer_dir: Path) -> list[str]:
+    """Arguments every tiny run shares: local tokenizer, CPU, no progress bars, quiet logs."""
+    return [
+        "--tokenizer_name_or_path",
+        str(tokenizer_dir),
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--log_level",
+        "warning",
+        "--seed",
+        "0",
+    ]

@@ -7,9 +7,9 @@ import torch
 
 from attnzoo import inspection
 from attnzoo.inspection import InspectionArguments, build_model, make_inputs
-from attnzoo.testing import REPO_ROOT, sst2_tokenizer
+from source_checkout import REPO_ROOT, sst2_tokenizer
 
-TINY = str(REPO_ROOT / "configs" / "models" / "dense" / "tiny.json")
+TINY = str(REPO_ROOT / "configs" / "models" / "dense_transformer" / "tiny.json")
 
 
 @pytest.mark.parametrize("sources", [{}, {"config_path": TINY, "model_name_or_path": "ckpt"}])

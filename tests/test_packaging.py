@@ -8,7 +8,7 @@ import sys
 from transformers import AutoConfig
 
 import attnzoo
-from attnzoo.testing import REPO_ROOT
+from source_checkout import REPO_ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib

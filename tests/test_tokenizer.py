@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from attnzoo.testing import load_script
 from attnzoo.tokenization import (
     SPECIAL_TOKENS,
     iter_texts_from_dataset,
     iter_texts_from_files,
     train_wordpiece_tokenizer,
 )
+from source_checkout import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA = REPO_ROOT / "tests" / "fixtures" / "data"

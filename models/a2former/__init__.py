@@ -18,7 +18,6 @@ from .modeling_a2former import (
 
 register_family(
     Family(
-        name="a2former",
         config_class=A2FormerConfig,
         model_class=A2FormerModel,
         masked_lm_class=A2FormerForMaskedLM,
@@ -27,9 +26,6 @@ register_family(
         attention_class=A2FormerAttention,
     )
 )
-
-#: Benchmark variants (config overrides) timed next to the default fast path.
-BENCHMARK_VARIANTS: dict[str, dict] = {"linear_weights": {"attention_weights": "linear"}}
 
 __all__ = [
     "A2FormerAttention",

@@ -23,7 +23,7 @@ parses arguments and writes files. The methodology (docs: `research/performance.
 - **Equivalence**: before timing, each family's fast path is compared with its `attention_backend="reference"` path
   on the same weights (outputs and parameter gradients, eval mode); speed-ups of a family that fails are flagged.
 
-Modules: `settings` (run settings, schema constants), `models` (rows: families, variants, HF baselines),
+Modules: `settings` (run settings, schema constants), `rows` (families, their `variants`, HF baselines),
 `workload` (one model and level at one length), `timing`, `memory`, `equivalence`, `machine` (run header),
 `aggregate`, `runner` (:func:`run_benchmark`), `report` (JSON, Markdown, plot) and `subprocesses` / `__main__`
 (the worker processes). Run `python -m attnzoo.benchmarking memory-worker|timing-worker SETTINGS_JSON` only through
@@ -34,8 +34,8 @@ from .aggregate import RUN_AGREEMENT, aggregate, summarize
 from .equivalence import check_equivalence
 from .machine import apply_threads, loadavg, machine_header
 from .memory import cpu_memory, cpu_peak_bytes, cuda_peak_bytes, memory_worker
-from .models import BenchModel, benchmark_models, family_variants, make_inputs, resolve_families
 from .report import markdown_report, plot_report, write_reports
+from .rows import BenchModel, benchmark_models, family_variants, make_inputs, resolve_families
 from .runner import run_benchmark
 from .settings import (
     DEFAULT_HF_BASELINES,

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..testing import probe_loss
-from .models import BenchModel, make_inputs
+from .rows import BenchModel, make_inputs
 from .settings import BenchmarkSettings
 
 

@@ -46,9 +46,10 @@ def utc_now() -> str:
 
 
 def _git(*args: str) -> str | None:
-    root = Path(__file__).resolve().parents[2]  # models/benchmarking/machine.py -> repository root
+    # Asked in the package's own folder: a source checkout answers with its commit, an installed wheel with nothing.
+    here = Path(__file__).resolve().parent
     try:
-        result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        result = subprocess.run(["git", "-C", str(here), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.strip() if result.returncode == 0 else None

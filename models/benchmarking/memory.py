@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .machine import apply_threads
-from .models import benchmark_models
+from .rows import benchmark_models
 from .settings import MODES, BenchmarkSettings
 from .subprocesses import collect_worker, run_worker
 from .workload import Workload, short_error

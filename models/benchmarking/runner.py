@@ -12,7 +12,7 @@ from .aggregate import aggregate
 from .equivalence import check_equivalence
 from .machine import apply_threads, cpu_affinity, loadavg, machine_header, utc_now
 from .memory import cpu_memory
-from .models import benchmark_models
+from .rows import benchmark_models
 from .settings import REFERENCE_MODEL, SCHEMA_VERSION, BenchmarkSettings
 from .subprocesses import collect_worker, run_worker
 from .timing import timing_sweep

@@ -11,7 +11,7 @@ import torch
 SCHEMA_VERSION = 1
 MODES = ("fwd", "fwd_bwd")
 LEVELS = ("model", "layer")
-REFERENCE_MODEL = "dense"
+REFERENCE_MODEL = "dense_transformer"
 HF_BASELINES = ("bert-sdpa", "bert-eager", "bigbird", "longformer")
 DEFAULT_HF_BASELINES = ("bert-sdpa", "bigbird", "longformer")
 #: longest default fast-vs-reference check (the check's reference path materialises every `(query, key)` pair)
@@ -50,8 +50,8 @@ class BenchmarkSettings:
     Args:
         families: family names, model types or `attnzoo` subpackages to import; `None` means every registered one.
         hf_baselines: keys of :data:`HF_BASELINES` to add.
-        rows: keep only these rows (`"dense"`, `"sbm:fastrg-2%"`, `"hf:bert-sdpa"`); `None` keeps every row of the
-            chosen families and baselines. The dense family must stay: every ratio is relative to it.
+        rows: keep only these rows (`"dense_transformer"`, `"sbm:fastrg-2%"`, `"hf:bert-sdpa"`); `None` keeps
+            every row of the chosen families and baselines. The dense family must stay: every ratio is relative to it.
         lengths: sequence lengths run for every model.
         extra_lengths: longer lengths run for the zoo families only.
         rounds / warmup: timed rounds and untimed warm-up steps per (model, level, mode); `None` picks a device

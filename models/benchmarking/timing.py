@@ -11,7 +11,7 @@ import torch
 
 from .machine import apply_threads, loadavg
 from .memory import in_process_memory
-from .models import benchmark_models
+from .rows import benchmark_models
 from .settings import MODES, REFERENCE_MODEL, BenchmarkSettings
 from .workload import Workload, short_error
 

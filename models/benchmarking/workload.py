@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..core.layers import EncoderLayer
-from .models import BenchModel, make_inputs
+from .rows import BenchModel, make_inputs
 from .settings import BenchmarkSettings
 
 

@@ -1,13 +1,13 @@
 """BERT / RoBERTa checkpoints into every attnzoo family: long positions, BERT2BERT seq2seq, and a full report.
 
 `scripts/convert_checkpoint.py` is the command line over [`convert_checkpoint`]; `scripts/run_mlm.py --family`
-converts and continues pretraining in one run. The name mapping itself is `attnzoo.core.conversion`.
+converts and continues pretraining in one run. The name mapping itself is [`bert_names`].
 """
 
 from .arguments import ConversionArguments
+from .conversion_report import REPORT_FILE, REPORT_TEXT_FILE, ConversionReport, copy_report, read_report
 from .convert import convert_checkpoint, convert_for_training
 from .errors import ConversionError
-from .report import REPORT_FILE, REPORT_TEXT_FILE, ConversionReport, copy_report, read_report
 
 __all__ = [
     "REPORT_FILE",

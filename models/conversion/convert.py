@@ -12,10 +12,10 @@ import transformers
 from ..core.config_fields import parse_config_overrides
 from ..registry import FAMILIES
 from .arguments import ConversionArguments
+from .conversion_report import ConversionReport
 from .errors import ConversionError
 from .fresh import describe_init
 from .mapping import Mapping, map_weights, shape_of
-from .report import ConversionReport
 from .source import SourceCheckpoint, load_source
 from .target_config import build_config
 
@@ -162,7 +162,7 @@ def _attnzoo_version() -> str:
 def convert_for_training(request: ConversionArguments, cache_dir: str | None = None) -> Path:
     """Convert as `request` asks, once: a later call (a resumed run, another process) reuses `request.output_dir` if
     it was converted from the same source, family, length, overrides and head, and refuses it otherwise."""
-    from .report import read_report
+    from .conversion_report import read_report
 
     output = Path(request.output_dir)
     report = read_report(output)

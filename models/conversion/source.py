@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..core.conversion import strip_model_prefix
+from .bert_names import strip_model_prefix
 from .errors import ConversionError
 
 #: Source `model_type`s with BERT's parameter layout.

@@ -23,7 +23,7 @@ class ZooConfig(PreTrainedConfig):
     encoder-decoder `<Prefix>ForConditionalGeneration`.
 
     The encoder follows BERT's parameter layout (post-norm by default), so a BERT/RoBERTa checkpoint maps onto
-    it name for name (see `attnzoo.core.conversion`).
+    it name for name (see `attnzoo.conversion.bert_names`).
 
     Args:
         vocab_size (`int`, *optional*, defaults to 30522):

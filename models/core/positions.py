@@ -9,7 +9,7 @@ is a fixed rotation of `PE(p)` for every `p`, so an offset between two tokens me
 positions (RoPE, Su et al., 2021), so a query-key logit depends on the two tokens and their offset only, in every
 layer. With an added table (learned or fixed) the projections must first learn to read offsets out of the sum; on a
 masked-LM task that needs a token's neighbour, dense attention with an added table had not learned it after 600
-steps, and with rotary positions it had (`scripts/results/neighbour-probe/`).
+steps, and with rotary positions it had (`scripts/experiments/neighbour-probe/results/`).
 """
 
 from __future__ import annotations

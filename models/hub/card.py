@@ -116,7 +116,7 @@ class CardInfo:
 
     Args:
         repo_id (`str`): Hub repository (`"org/name"`), used in the loading examples.
-        family_name (`str`): the family's folder name (`"dense"`), picks `model_cards/<family_name>.md`.
+        family_name (`str`): the family's name (`"dense_transformer"`), picks `model_cards/<family_name>.md`.
         model_type (`str`): the config's `model_type`.
         architecture (`str`): the saved model class (`"DenseTransformerForSequenceClassification"`).
         auto_class (`str`): the Auto class that loads it (`"AutoModelForSequenceClassification"`).

@@ -77,7 +77,7 @@ class PublishOptions:
     )
     training_summary: str | None = _help("How the model was trained, Markdown text or '@file.md'.")
     model_name: str | None = _help("Title of the card and name in model-index (default: the repository name).")
-    card_dir: str | None = _help("Folder of TEMPLATE.md and <family>.md (default: the checkout's model_cards/).")
+    card_dir: str | None = _help("Folder of the model cards' TEMPLATE.md and <family>.md (a checkout's model_cards/).")
     allow_missing_tokenizer: bool = _help("Publish a checkpoint without tokenizer files.", False)
     overwrite: bool = _help("Empty a non-empty output_dir first.", False)
 
@@ -92,9 +92,11 @@ class Assembled:
     auto_map: dict[str, str] = field(default_factory=dict)
 
 
-def default_card_dir() -> Path:
-    """`model_cards/` of the source checkout the package is installed from."""
-    return Path(__file__).resolve().parent.parent.parent / "model_cards"
+def _card_dir(options: PublishOptions) -> Path:
+    # The card texts belong to a source checkout, not to the installed package: the caller names the folder.
+    if options.card_dir is None:
+        raise PublishError("`card_dir` is required: the folder holding the model cards' TEMPLATE.md and <family>.md.")
+    return Path(options.card_dir)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -255,7 +257,7 @@ def assemble(options: PublishOptions) -> Assembled:
         model_name=options.model_name,
     )
     try:
-        card = render_model_card(info, options.card_dir or default_card_dir())
+        card = render_model_card(info, _card_dir(options))
     except CardError as err:
         raise PublishError(str(err)) from err
 

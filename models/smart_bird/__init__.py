@@ -15,7 +15,6 @@ from .sketch import SmartBirdEncoder, init_sketch_from_main_embeddings
 
 register_family(
     Family(
-        name="smart_bird",
         config_class=SmartBirdConfig,
         model_class=SmartBirdModel,
         masked_lm_class=SmartBirdForMaskedLM,
@@ -25,12 +24,7 @@ register_family(
     )
 )
 
-#: Extra benchmark rows (config overrides): the deterministic top-K ablation of Figure 4 (no sampling at all), which
-#: isolates what the exact per-head sampler costs on top of the sketch.
-BENCHMARK_VARIANTS: dict[str, dict] = {"topk_ablation": {"sampling_function": "topk"}}
-
 __all__ = [
-    "BENCHMARK_VARIANTS",
     "SmartBirdAttention",
     "SmartBirdConfig",
     "SmartBirdEncoder",

@@ -41,9 +41,10 @@ _ROUNDS = 3
 #: `method="auto"`: the thinning sampler where noise draws dominate (CPU), the literal one where host synchronisation
 #: does. Thinning sizes its tensors from the data (`nonzero`, `int`, `bool` on device values), about ten host syncs
 #: per chunk of rows, the probable cause of what an H100 measured with it: 1,950 ms for one forward pass of the whole
-#: model at N = 16,384 (2 layers, width 256, bf16; dense SDPA 3.2 ms; `scripts/results/gpu-2026-11-26-h100/`). The
+#: model at N = 16,384 (2 layers, width 256, bf16; dense SDPA 3.2 ms; the speed-memory study, GPU run of
+#: 2026-11-26 on an H100). The
 #: literal sampler is a fixed chain of kernels without a sync: 57.9 ms for the same pass on an H200
-#: (`scripts/results/gpu-2026-11-26-h200/`).
+#: (`scripts/experiments/speed-memory/results/gpu-2026-11-26-h200/`).
 SAMPLING_METHODS = ("auto", "thinning", "literal")
 #: default `chunk_elements` per device type: the literal path's noise chunk is `(B, H, R, N)` fp32, so CUDA takes
 #: 256 MB chunks (few kernel launches) and the CPU 16 MB ones (cache-sized).

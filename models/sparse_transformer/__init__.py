@@ -13,7 +13,6 @@ from .modeling_sparse_transformer import (
 
 register_family(
     Family(
-        name="sparse_transformer",
         config_class=SparseTransformerConfig,
         model_class=SparseTransformerModel,
         masked_lm_class=SparseTransformerForMaskedLM,
@@ -23,15 +22,7 @@ register_family(
     )
 )
 
-#: Extra configurations timed by `scripts/benchmark.py` next to the default (split strided heads).
-BENCHMARK_VARIANTS: dict[str, dict] = {
-    "fixed_split": {"sparse_pattern": "fixed", "sparse_head_assignment": "split"},
-    "fixed_merged": {"sparse_pattern": "fixed", "sparse_head_assignment": "merged"},
-    "strided_merged": {"sparse_head_assignment": "merged"},
-}
-
 __all__ = [
-    "BENCHMARK_VARIANTS",
     "SparseTransformerAttention",
     "SparseTransformerConfig",
     "SparseTransformerForConditionalGeneration",

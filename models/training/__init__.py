@@ -2,20 +2,25 @@
 
 The scripts stay thin: argument dataclasses and YAML/JSON recipes ([`arguments`]), data readers for the GLUE TSV
 layouts, CNN/DailyMail `.story` files and PubMed JSON lines ([`data`]), offline metrics with the official definitions
-([`metrics`]), model construction and warm starts ([`modeling`]), and the callbacks, metrics file and training-curve
+([`metrics`]), model construction and warm starts ([`builders`]), and the callbacks, metrics file and training-curve
 plot of a run ([`callbacks`]).
 """
 
 from __future__ import annotations
 
-from .arguments import (
+from ..extras import require
+
+require("train")
+
+from .arguments import (  # noqa: E402
     ClassificationDataArguments,
     MLMDataArguments,
     ModelArguments,
     SummarizationDataArguments,
     parse_arguments,
 )
-from .callbacks import (
+from .builders import build_model, load_tokenizer, resolve_checkpoint  # noqa: E402
+from .callbacks import (  # noqa: E402
     EpochSetterCallback,
     GenerationLengthCallback,
     StopAtStepCallback,
@@ -24,7 +29,7 @@ from .callbacks import (
     plot_training_curves,
     setup_logging,
 )
-from .data import (
+from .data import (  # noqa: E402
     GLUE_TASKS,
     DataReport,
     GlueTask,
@@ -38,9 +43,8 @@ from .data import (
     split_sentences,
     tokenize_pairs,
 )
-from .metrics import classification_metrics, glue_metrics, rouge_scores
-from .modeling import build_model, load_tokenizer, resolve_checkpoint
-from .run import start_run, train_and_evaluate
+from .metrics import classification_metrics, glue_metrics, rouge_scores  # noqa: E402
+from .run import start_run, train_and_evaluate  # noqa: E402
 
 __all__ = [
     "GLUE_TASKS",

@@ -8,8 +8,8 @@ from typing import Any
 from transformers import Seq2SeqTrainingArguments, set_seed
 
 from .arguments import ModelArguments, parse_arguments
+from .builders import convert_source_checkpoint, resolve_checkpoint
 from .callbacks import setup_logging
-from .modeling import convert_source_checkpoint, resolve_checkpoint
 
 
 def start_run(

@@ -14,7 +14,8 @@ from attnzoo.a2former import (
     A2FormerModel,
 )
 from attnzoo.kernels import dense_masked_attention, gathered_attention
-from attnzoo.testing import REPO_ROOT, assert_same_gradients, load_config, probe_loss
+from attnzoo.testing import assert_same_gradients, probe_loss
+from source_checkout import REPO_ROOT, load_config
 
 HIDDEN, HEADS, POINTS = 32, 4, 5
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from attnzoo.a2former import A2FormerModel
-from attnzoo.testing import load_config, train_and_eval_sst2
+from source_checkout import load_config, train_and_eval_sst2
 
 
 @pytest.mark.slow
 def test_sst2_accuracy_is_within_five_points_of_dense():
     a2 = train_and_eval_sst2("a2former", {}, steps=300, seed=0)["accuracy"]
-    dense = train_and_eval_sst2("dense", {}, steps=300, seed=0)["accuracy"]
+    dense = train_and_eval_sst2("dense_transformer", {}, steps=300, seed=0)["accuracy"]
     assert a2 > 0.6, f"A²-Former accuracy {a2:.3f} is not well above chance"
     assert a2 >= dense - 0.05, f"A²-Former {a2:.3f} vs dense {dense:.3f}"
 

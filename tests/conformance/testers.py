@@ -36,7 +36,7 @@ COMMON_FIELDS: dict[str, Any] = {
 
 #: Per family: method fields that make the structure sparse at `seq_length` 16.
 FAMILY_FIELDS: dict[str, dict[str, Any]] = {
-    "dense": {},
+    "dense_transformer": {},
     "smart_bird": {"num_samples": 6, "sketch_hidden_size": 4, "sketch_intermediate_size": 8},
     "a2former": {"num_sample_points": 4},
     "sparse_transformer": {"sparse_pattern": "strided", "sparse_stride": 4, "sparse_summary_size": 1},

@@ -17,7 +17,7 @@ from attnzoo.conversion import (
     convert_for_training,
     read_report,
 )
-from attnzoo.core.conversion import strip_model_prefix
+from attnzoo.conversion.bert_names import strip_model_prefix
 
 from .conftest import SOURCE_POSITIONS, right_padded_batch
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import AutoModelForMaskedLM, GPT2Config, GPT2LMHeadModel
 
-from attnzoo.testing import load_script
+from source_checkout import load_script
 
 
 @pytest.fixture(scope="module")

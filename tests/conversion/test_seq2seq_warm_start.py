@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from attnzoo.conversion import convert_checkpoint
-from attnzoo.core.conversion import strip_model_prefix
+from attnzoo.conversion.bert_names import strip_model_prefix
 
 from .conftest import SOURCE_POSITIONS
 

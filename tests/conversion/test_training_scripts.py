@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from attnzoo import FAMILIES
 from attnzoo.conversion import REPORT_FILE, ConversionReport, read_report
-from attnzoo.testing import load_script
+from source_checkout import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATA = REPO_ROOT / "tests" / "fixtures" / "data"
@@ -129,6 +129,7 @@ def test_publish_takes_base_model_from_the_conversion_report(tmp_path, source_ch
         "metrics": str(run / "metrics.json"),
         "repo_id": "me/dense-from-bert",
         "dataset_name": "WikiText",
+        "card_dir": str(REPO_ROOT / "model_cards"),
     }
     card = (assemble(PublishOptions(**options, output_dir=str(tmp_path / "pub"))).folder / "README.md").read_text()
     assert "base_model: google-bert/bert-base-uncased" in card

@@ -15,7 +15,7 @@ from attnzoo.fsat.attention_fsat import (
     truncate_positive_gradient,
 )
 from attnzoo.kernels import dense_masked_attention, edge_attention, flatten_heads, unflatten_heads
-from attnzoo.testing import load_config
+from source_checkout import load_config
 
 B, N, D, H = 2, 13, 16, 4
 
@@ -482,9 +482,9 @@ def test_fast_path_equals_reference_on_gpu():
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_sst2_fine_tuning_is_close_to_the_dense_family():
-    from attnzoo.testing import train_and_eval_sst2
+    from source_checkout import train_and_eval_sst2
 
-    dense = train_and_eval_sst2("dense", {}, steps=300, seed=0)["accuracy"]
+    dense = train_and_eval_sst2("dense_transformer", {}, steps=300, seed=0)["accuracy"]
     fsat = train_and_eval_sst2("fsat", {"index_scale": "sequence_length"}, steps=300, seed=0)["accuracy"]
     assert fsat > 0.6
     assert fsat >= dense - 0.05, (fsat, dense)

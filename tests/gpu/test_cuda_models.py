@@ -10,7 +10,8 @@ import torch
 
 from attnzoo.kernels import resolve_backend
 from attnzoo.registry import FAMILIES
-from attnzoo.testing import assert_same_gradients, family_by_name, load_config, probe_loss
+from attnzoo.testing import assert_same_gradients, family_by_name, probe_loss
+from source_checkout import load_config
 
 pytestmark = pytest.mark.gpu
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnzoo.evaluation import Budget, ModelSize, RunSpec, listops_task, train_and_evaluate
 from attnzoo.registry import FAMILIES
-from attnzoo.training.long_eval import Budget, ModelSize, RunSpec, listops_task, train_and_evaluate
 
 pytestmark = pytest.mark.gpu
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnzoo.registry import Family
-from attnzoo.testing import load_config
+from source_checkout import load_config
 
 METRICS = {
     "metrics": {

@@ -8,7 +8,7 @@ from huggingface_hub import ModelCard
 import attnzoo
 from attnzoo.hub import CardError, CardInfo, parse_metrics, render_model_card
 from attnzoo.hub.card import Result, nest_headings
-from attnzoo.testing import REPO_ROOT
+from source_checkout import REPO_ROOT
 
 CARD_DIR = REPO_ROOT / "model_cards"
 FAMILIES = [pytest.param(family, id=family.name) for family in attnzoo.FAMILIES.values()]
@@ -111,7 +111,7 @@ def test_a_card_without_results_is_refused():
 def test_method_card_front_matter_adds_metadata(tmp_path):
     family = attnzoo.FAMILIES["dense_transformer"]
     (tmp_path / "TEMPLATE.md").write_text((CARD_DIR / "TEMPLATE.md").read_text())
-    (tmp_path / "dense.md").write_text(
+    (tmp_path / "dense_transformer.md").write_text(
         "---\ntags: [baseline]\nlicense: mit\narxiv: '1706.03762'\n---\n# Dense\n\n```python\n# a comment\n```\n"
     )
     metrics = parse_metrics({"eval_accuracy": 0.5})

@@ -15,7 +15,7 @@ import torch
 
 import attnzoo
 from attnzoo.hub import AUTO_CLASSES, PublishError, PublishOptions, assemble, generate_remote_code, upload
-from attnzoo.testing import REPO_ROOT, load_script
+from source_checkout import REPO_ROOT, load_script
 
 FAMILIES = [pytest.param(family, id=family.name) for family in attnzoo.FAMILIES.values()]
 LOADER = Path(__file__).with_name("remote_loader.py")
@@ -162,6 +162,15 @@ def test_generation_config_is_written_for_a_seq2seq_checkpoint_without_one(make_
     assert generation["decoder_start_token_id"] == 2
 
 
+def test_the_card_folder_must_be_named(make_checkpoint, tmp_path):
+    # The card texts live in a checkout's model_cards/, not in the installed package: the library cannot guess them.
+    checkpoint = make_checkpoint(attnzoo.FAMILIES["dense_transformer"], "base", tmp_path / "checkpoint")
+    options = _options(checkpoint, tmp_path / "out", REPO_ROOT / "model_cards")
+    options.card_dir = None
+    with pytest.raises(PublishError, match="`card_dir` is required"):
+        assemble(options)
+
+
 def test_sharded_weights_are_published_with_their_index(make_checkpoint, tmp_path):
     family = attnzoo.FAMILIES["dense_transformer"]
     checkpoint = make_checkpoint(family, "masked_lm", tmp_path / "checkpoint")
@@ -273,7 +282,7 @@ def test_publish_without_push_only_writes_the_folder(publish_main, dense_checkpo
     output = tmp_path / "out"
     assert publish_main(_argv(dense_checkpoint, output)) == 0
     assert "Not uploaded" in capsys.readouterr().out
-    assert (output / "README.md").is_file() and (output / "modeling_dense.py").is_file()
+    assert (output / "README.md").is_file() and (output / "modeling_dense_transformer.py").is_file()
 
 
 def test_publish_push_uploads_exactly_the_folder(publish_main, dense_checkpoint, tmp_path, capsys, monkeypatch):
@@ -324,7 +333,7 @@ def test_upload_records_repo_and_files_with_a_fake_api(dense_checkpoint, tmp_pat
     assert upload(assembled, "org/dense-sst2", api=api) == "commit-url"
     assert api.sent == [
         ("create", "org/dense-sst2", "model"),
-        ("upload", "org/dense-sst2", assembled.folder, assembled.files, "Upload dense model with attnzoo"),
+        ("upload", "org/dense-sst2", assembled.folder, assembled.files, "Upload dense_transformer model with attnzoo"),
     ]
 
 

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from attnzoo.kernels.triton import edges, gathered
+    from attnzoo.kernels.triton import edgelist, gathered
 
     DTYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "DO": "*bf16", "IDX": "*i64",
               "CROW": "*i64", "COLS": "*i64", "VALID": "*u8", "KEEP": "*u8"}
@@ -63,9 +63,9 @@ SCRIPT = textwrap.dedent(
     compile_kernel(gathered._gathered_fwd, dict(meta), ones)
     compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), ones)
     for head_dim, flag in ((64, True), (64, False), (128, True)):
-        meta = edges._meta(head_dim, *(given if flag else absent for _ in range(3)))
-        compile_kernel(edges._edge_fwd, dict(meta))
-        compile_kernel(edges._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag))
+        meta = edgelist._meta(head_dim, *(given if flag else absent for _ in range(3)))
+        compile_kernel(edgelist._edge_fwd, dict(meta))
+        compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag))
     print("compiled")
     """
 )

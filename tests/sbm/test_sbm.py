@@ -646,7 +646,7 @@ def test_density_callback_logs_mean_density_per_layer():
 def test_dense_backend_low_density_eval_forward_and_backward():
     """Regression: at low density in eval the dense backend's mask is a view; the STE must still run."""
     import attnzoo
-    from attnzoo.testing import load_config
+    from source_checkout import load_config
 
     config = load_config(
         "sbm", "tiny", sampling_backend="bernoulli", membership_logit_bias=-2.6, attention_probs_dropout_prob=0.0
@@ -662,7 +662,8 @@ def test_dense_backend_low_density_eval_forward_and_backward():
 def test_fixed_degree_benchmark_variant_keeps_keys_per_query_constant():
     # The benchmark's "fastrg-60/query" rows: edges must grow like N (not N^2) for the growth figures to mean anything.
     from attnzoo.benchmarking import ModelSize
-    from attnzoo.sbm import SBMModel, fastrg_fixed_degree
+    from attnzoo.benchmarking.variants import fastrg_fixed_degree
+    from attnzoo.sbm import SBMModel
 
     assert fastrg_fixed_degree(8192)["exploration_delta"] * 8192 == pytest.approx(0.01 * 4096)
     size = ModelSize(num_hidden_layers=1)

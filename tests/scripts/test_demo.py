@@ -11,16 +11,18 @@ import attnzoo
 
 def test_demo_smoke_writes_table_json_and_plot(tmp_path, load_script, capsys):
     demo = load_script("demo")
-    status = demo.main(["--output_dir", str(tmp_path), "--mlm_steps", "2", "--sst2_steps", "2", "--families", "dense"])
+    status = demo.main(
+        ["--output_dir", str(tmp_path), "--mlm_steps", "2", "--sst2_steps", "2", "--families", "dense_transformer"]
+    )
     assert status == 0
     printed = capsys.readouterr().out
     assert "The album was released in [MASK] ." in printed  # fill-mask predictions are shown
-    assert "| dense |" in printed
+    assert "| dense_transformer |" in printed
     summary = json.loads((tmp_path / "results.json").read_text())
-    assert [row["family"] for row in summary["results"]] == ["dense"]
+    assert [row["family"] for row in summary["results"]] == ["dense_transformer"]
     assert 0.0 <= summary["results"][0]["accuracy"] <= 1.0
     assert len(summary["fill_mask"]["The album was released in [MASK] ."]) == 5
-    assert "| dense |" in (tmp_path / "results.md").read_text()
+    assert "| dense_transformer |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "results.png").read_bytes()[:4] == b"\x89PNG"
 
 

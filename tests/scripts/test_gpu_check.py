@@ -1,4 +1,5 @@
-"""`scripts/gpu_check.py` (`bash scripts/run.sh gpu`): its dry run on the CPU, its summaries and the shell glue."""
+"""`scripts/tools/gpu_check.py` (`bash scripts/run.sh gpu`): its dry run on the CPU, its summaries and the shell
+glue."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from .conftest import REPO_ROOT
+from source_checkout import REPO_ROOT
 
 
 @pytest.fixture
 def gpu_check(load_script):
-    module = load_script("gpu_check")
+    module = load_script("tools/gpu_check")
     threads = torch.get_num_threads()
     yield module
     torch.set_num_threads(threads)  # the benchmark pins one thread; later tests keep theirs
@@ -24,7 +25,15 @@ def gpu_check(load_script):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU stand-in of the GPU run")
 def test_dry_run_benchmarks_and_fine_tunes_and_writes_the_results_folder(gpu_check, tmp_path):
     argv = ["bench-small", "train", "--dry-run", "--output-dir", str(tmp_path), "--lengths", "64"]
-    argv += ["--rows", "dense", "sparse_transformer:strided_merged", "hf:longformer", "--families", "dense", "sbm"]
+    argv += [
+        "--rows",
+        "dense_transformer",
+        "sparse_transformer:strided_merged",
+        "hf:longformer",
+        "--families",
+        "dense_transformer",
+        "sbm",
+    ]
     assert gpu_check.main(argv) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["dry_run"] and summary["environment"]["torch"] == torch.__version__
@@ -32,15 +41,17 @@ def test_dry_run_benchmarks_and_fine_tunes_and_writes_the_results_folder(gpu_che
     assert bench["passed"] and bench["equivalence_failed"] == [] and bench["raised"] == {}
     report = json.loads((tmp_path / bench["files"]["json"]).read_text())
     timed = {r["model"] for r in report["results"] if r["status"] == "ok"}
-    assert timed == {"dense", "sparse_transformer:strided_merged", "hf:longformer"}
+    assert timed == {"dense_transformer", "sparse_transformer:strided_merged", "hf:longformer"}
     assert (tmp_path / "bench-small" / "benchmark.png").exists()
     runs = summary["stages"]["train"]["families"]
-    assert [r["family"] for r in runs] == ["dense", "sbm"]
+    assert [r["family"] for r in runs] == ["dense_transformer", "sbm"]
     assert all(r["status"] == "ok" and r["steps"] == 2 and r["precision"] == "bf16" for r in runs)
     readme = (tmp_path / "README.md").read_text()
     assert "bench-small/benchmark.md" in readme and "| sbm | 2 |" in readme
     # A second invocation adds its stage to the same folder instead of replacing the earlier ones.
-    assert gpu_check.main(["train", "--dry-run", "--output-dir", str(tmp_path), "--families", "dense"]) == 0
+    assert (
+        gpu_check.main(["train", "--dry-run", "--output-dir", str(tmp_path), "--families", "dense_transformer"]) == 0
+    )
     assert set(json.loads((tmp_path / "summary.json").read_text())["stages"]) == {"bench-small", "train"}
 
 
@@ -68,7 +79,7 @@ def test_goals_compare_each_method_at_16384_with_dense_bigbird_and_longformer(gp
 
     report = {
         "results": [
-            result("dense", 100.0, 1.0, 1.0),
+            result("dense_transformer", 100.0, 1.0, 1.0),
             result("a2former", 40.0, 0.4, 1.2),
             result("fsat", 60.0, 0.6, 1.5),
             result("smart_bird", 90.0, 0.9, 1.0),
@@ -98,8 +109,10 @@ def test_a_row_that_raises_fails_the_stage_but_out_of_memory_does_not(gpu_check)
 
     report = {
         "results": [
-            result("dense", 1024, "ok"),
-            result("dense", 32768, "error: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"),
+            result("dense_transformer", 1024, "ok"),
+            result(
+                "dense_transformer", 32768, "error: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"
+            ),
             result("hf:bigbird", 32768, "skipped: too slow"),
             result("a2former", 1024, "error: RuntimeError: triton launch failed"),
             result("a2former", 2048, "error: RuntimeError: triton launch failed"),

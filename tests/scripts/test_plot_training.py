@@ -1,4 +1,4 @@
-"""`scripts/plot_training.py`: redraws a run's curves and compares runs."""
+"""`scripts/tools/plot_training.py`: redraws a run's curves and compares runs."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_plot_training_script_reads_runs_and_checkpoints(tmp_path, load_script, 
     (run / "checkpoint-2").mkdir(parents=True)
     (run / "log_history.json").write_text(json.dumps(HISTORY))
     (run / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"log_history": HISTORY[:2]}))
-    plot = load_script("plot_training")
+    plot = load_script("tools/plot_training")
     assert plot.main([str(run)]) == 0 and (run / "training_curves.png").is_file()
     assert plot.main([str(run / "checkpoint-2"), "--output", str(tmp_path / "c.png")]) == 0
     assert plot.main([str(run), str(run / "checkpoint-2"), "--output", str(tmp_path / "both.png")]) == 0

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
 
 import attnzoo
-from attnzoo.testing import REPO_ROOT
 from attnzoo.training import ModelArguments, StopAtStepCallback, build_model
+from source_checkout import REPO_ROOT
 
-TINY = str(REPO_ROOT / "configs/models/dense/tiny.json")
+TINY = str(REPO_ROOT / "configs/models/dense_transformer/tiny.json")
 FAMILY_NAMES = sorted(f.name for f in attnzoo.FAMILIES.values())
 NO_DROPOUT = ["--config_overrides", "hidden_dropout_prob=0.0,attention_probs_dropout_prob=0.0"]
 

@@ -10,10 +10,10 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, pipeline
 
 import attnzoo
-from attnzoo.testing import REPO_ROOT
 from attnzoo.training import DataReport, StopAtStepCallback
+from source_checkout import REPO_ROOT
 
-TINY = str(REPO_ROOT / "configs/models/dense/tiny.json")
+TINY = str(REPO_ROOT / "configs/models/dense_transformer/tiny.json")
 FAMILY_NAMES = sorted(f.name for f in attnzoo.FAMILIES.values())
 
 

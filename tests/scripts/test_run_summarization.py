@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from attnzoo.testing import REPO_ROOT
+from source_checkout import REPO_ROOT
 
-TINY = str(REPO_ROOT / "configs/models/dense/tiny.json")
+TINY = str(REPO_ROOT / "configs/models/dense_transformer/tiny.json")
 
 
 def _cnndm(data_dir) -> list[str]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnzoo.smart_bird import SmartBirdConfig, SmartBirdForSequenceClassification, sample_keys
-from attnzoo.testing import train_and_eval_sst2
+from source_checkout import train_and_eval_sst2
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import functools
 import pytest
 
 import attnzoo.sparse_transformer  # noqa: F401  (registers the family)
-from attnzoo.testing import mean_sst2_accuracy
+from source_checkout import mean_sst2_accuracy
 
 SEEDS = (0, 1, 2)
 

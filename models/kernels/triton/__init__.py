@@ -7,7 +7,7 @@ in the environment at import time, `triton.jit` builds interpreter functions tha
 
 from __future__ import annotations
 
-from .edges import _edge_fwd, edge_attention_triton
+from .edgelist import _edge_fwd, edge_attention_triton
 from .gathered import gathered_attention_triton
 
 
