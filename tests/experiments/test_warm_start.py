@@ -1,5 +1,4 @@
-"""`scripts/experiments/warm-start/run.py`: the tables it writes into the READMEs and cards, and its parallel
-runner."""
+"""`scripts/experiments/warm-start/run.py`: the table it writes into the study's README, and its parallel runner."""
 
 from __future__ import annotations
 
@@ -15,16 +14,19 @@ def evidence(load_script):
     return load_script("experiments/warm-start/run")
 
 
-def test_committed_tables_are_the_ones_the_results_give(evidence):
-    # Every table in the READMEs and cards must be what the committed step JSONs render: a hand edit, or results
-    # committed without `warm_start_evidence.py table`, leaves them out of step.
+def test_the_committed_table_is_the_one_the_results_give(evidence):
+    # The study's README must hold what the committed step JSONs render: a hand edit, or results committed without
+    # `run.py table`, leaves it out of step.
     placed = evidence.tables()
-    assert placed, "scripts/experiments/warm-start/results/convert.json is missing: the READMEs' tables have no source"
-    cards = {path for path in placed if path.parent.name == "model_cards"}
-    assert len(cards) == len(evidence.ALL_FAMILIES)
-    for path, table in placed.items():
-        text = path.read_text(encoding="utf-8")
-        assert evidence.with_table(text, table, path) == text, f"{path}: run `warm_start_evidence.py table`"
+    assert placed, "scripts/experiments/warm-start/results/convert.json is missing: the study's table has no source"
+    # One file holds the table, the study's write-up: the cards go to the Hub and the front-door README links here.
+    readme = evidence.ROOT / "scripts" / "experiments" / "warm-start" / "README.md"
+    assert list(placed) == [readme]
+    table = placed[readme]
+    for family in evidence.ALL_FAMILIES:
+        assert f"\n| {family} | " in table, f"the table has no row for {family}"
+    text = readme.read_text(encoding="utf-8")
+    assert evidence.with_table(text, table, readme) == text, f"{readme}: run `run.py table`"
 
 
 def test_with_table_replaces_only_between_the_markers(evidence):

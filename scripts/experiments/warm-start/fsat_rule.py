@@ -4,11 +4,11 @@
 The conversion starts FSAT's keys and values fresh and its output projection at zero
 (`FSATAttention.not_from_source`): FSAT projects keys and values from its pooled cross, which a BERT checkpoint's
 `W_K` / `W_V` never read. Until that rule, they were carried like every other family's. This script measures both
-rules from one source, next to the same architecture from scratch, with the budgets of `warm_start_evidence.py`
+rules from one source, next to the same architecture from scratch, with the budgets of the study's `run.py`
 (masked-LM loss after conversion, 60 continued steps at 2048 tokens beside the dense family's, SST-2 with two seeds,
 IMDB), and writes the results to `scripts/experiments/warm-start/results/`.
 
-`--source first` (the default) starts from the first source of `warm_start_evidence.py` (its steps `data` and
+`--source first` (the default) starts from the first source of `run.py` (its steps `data` and
 `source`; about 30 minutes of one thread here) and writes `fsat-rule.json`; `--source long` starts from the main
 table's longer source (the step `source_long`, 75 more minutes of two threads here) and writes
 `fsat-rule-long.json`. Run from the repository root:
@@ -29,7 +29,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import warm_start_evidence as evidence
+# The study's driver, beside this file (Python puts a script's folder first on the path).
+import run as evidence
 
 #: Each source (`--source`): its folder, and the name of this script's work folder, logs and results.
 SOURCES = {"first": (evidence.FIRST_SOURCE, "fsat-rule"), "long": (evidence.LONG_SOURCE_DIR, "fsat-rule-long")}

@@ -19,7 +19,7 @@ reused, so an interrupted step resumes where it stopped. Run the steps in this o
     run imdb      # warm (continued) vs scratch, long reviews
     run seq2seq   # BERT2BERT vs scratch, CNN/DM ROUGE
     run paired    # warm vs scratch per example (McNemar)
-    run table     # tables (READMEs, cards), plot
+    run table     # the table in the study's README.md, and the plot
 
 `--jobs 2` runs two programs at a time (one thread each) in the steps that run one per family. `--families fsat`
 reruns a step for some families only (after a change to their code: move their output folders away first); their
@@ -52,7 +52,11 @@ ROOT = Path(__file__).resolve().parents[3]  # scripts/experiments/warm-start/run
 DATA = Path(os.environ.get("ATTNZOO_SHARED_DATA", "/work/shared/data"))
 # Relative to the repository root (the programs run there), so the recorded commands can be pasted as they are.
 WORK = Path("outputs") / "warm-start"
-RESULTS = Path("scripts") / "experiments" / "warm-start" / "results"
+STUDY = Path("scripts") / "experiments" / "warm-start"
+RESULTS = STUDY / "results"
+#: The study's write-up: the only file that holds the table (the model cards go to the Hub and the front-door
+#: README links here, so neither keeps a copy that could fall out of step).
+STUDY_README = STUDY / "README.md"
 ALL_FAMILIES = ("dense_transformer", "smart_bird", "a2former", "sparse_transformer", "fsat", "sbm")
 #: The families a step runs (`--families`; all by default).
 FAMILIES = ALL_FAMILIES
@@ -732,27 +736,25 @@ def _cell(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _pair(result: dict[str, Any], family: str, percent: bool = False) -> str:
-    """Warm / scratch accuracy of a family: fractions (`0.758 / 0.728`) or percentages (`75.8 / 72.8`)."""
+def _pair(result: dict[str, Any], family: str) -> str:
+    """Warm / scratch accuracy of a family, as fractions (`0.758 / 0.728`)."""
     if family not in result:
         return "–"
-    accuracies = (result[family][start]["eval_accuracy"] for start in ("warm", "scratch"))
-    return " / ".join(f"{100 * value:.1f}" if percent else f"{value:.3f}" for value in accuracies)
+    return " / ".join(f"{result[family][start]['eval_accuracy']:.3f}" for start in ("warm", "scratch"))
 
 
 def write_table() -> str:
-    """Write the tables into their files (`tables`) and draw `continue_curves.png`; returns the main table."""
+    """Write the table into the study's README (`tables`) and draw `continue_curves.png`; returns the table."""
     placed = tables()
     for path, table in placed.items():
         path.write_text(with_table(path.read_text(encoding="utf-8"), table, path), encoding="utf-8")
     cont = _load("continue")
     if cont:
         _plot_curves(cont)
-    return placed.get(ROOT / "README.md", "")
+    return placed.get(ROOT / STUDY_README, "")
 
 
-#: The README, the results folder's README and every family's card (`model_cards/<name>.md`; each holds its own
-#: row and dense's) keep the table between these markers.
+#: The study's README keeps the table between these markers.
 
 TABLE_BEGIN = "<!-- warm-start table: written by `python scripts/experiments/warm-start/run.py table` -->"
 TABLE_END = "<!-- end of warm-start table -->"
@@ -767,16 +769,13 @@ def with_table(text: str, table: str, path: Path) -> str:
 
 
 def tables() -> dict[Path, str]:
-    """Every file's table, rendered from the step JSONs (nothing before the `convert` step has run)."""
+    """The table of every file that holds one (the study's README), rendered from the step JSONs; empty before the
+    `convert` step has run."""
     convert, cont, sst2, imdb, seq2seq = (_load(step) for step in ("convert", "continue", "sst2", "imdb", "seq2seq"))
     if not convert:
         return {}
     second = _load("sst2_second_seed")
-    table = _main_table(convert, cont, sst2, imdb, seq2seq, second)
-    placed = {ROOT / "README.md": table, ROOT / RESULTS / "README.md": table}
-    for family in ALL_FAMILIES:
-        placed[ROOT / "model_cards" / f"{family}.md"] = _card_table(family, convert, cont, sst2, imdb, second)
-    return placed
+    return {ROOT / STUDY_README: _main_table(convert, cont, sst2, imdb, seq2seq, second)}
 
 
 def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict, second: dict) -> str:
@@ -810,6 +809,8 @@ def _main_table(convert: dict, cont: dict, sst2: dict, imdb: dict, seq2seq: dict
             f"{_pair(imdb, family)} |"
         )
     table = "\n".join(rows)
+    if sst2 or imdb:
+        table += "\n\n" + _budgets(sst2, imdb)
     paired = _load("paired")
     tasks = [task for task in TASK_NAMES if task in paired]
     if tasks:
@@ -849,48 +850,20 @@ def _seq2seq_sentence(seq2seq: dict[str, Any]) -> str:
     )
 
 
-def _card_table(family: str, convert: dict, cont: dict, sst2: dict, imdb: dict, second: dict) -> str:
-    """A card's table: the family's row, then dense's for comparison, and the budgets."""
-    header = (
-        "| model | MLM loss @128 after conversion to 2048 positions | MLM loss @2048, "
-        f"{CONTINUE['steps']} continued steps | SST-2 accuracy (%), warm / scratch | IMDB@{IMDB['length']}, "
-        f"{IMDB['steps']} steps (%), warm / scratch |\n|---|---|---|---|---|"
-    )
-
-    def row(name: str) -> str:
-        curve = _curve(cont.get(name, {}))
-        continued = f"{curve[0][1]:.3f} → {curve[-1][1]:.3f}" if curve else "–"
-        loss = convert.get(f"{name}-2048", {}).get("eval_128", {}).get("eval_loss")
-        accuracies = f"{_pair(sst2, name, percent=True)} | {_pair(imdb, name, percent=True)}"
-        return f"| {name} | {_cell(loss)} | {continued} | {accuracies} |"
+def _budgets(sst2: dict[str, Any], imdb: dict[str, Any]) -> str:
+    """The fine-tuning budgets (the same for warm and scratch) and each task's majority class, for reading the
+    accuracies against."""
 
     def majority(result: dict[str, Any]) -> str:
         return f", majority class {100 * result['majority_class']:.1f}%" if "majority_class" in result else ""
 
-    source = convert["source"]["eval_128"]["eval_loss"]
     shown, dev = IMDB["eval_samples"], IMDB["dev"]
     evaluated = f"the first {shown} of {dev}" if shown < dev else f"the {dev}"
-    note = (
-        f"Source MLM loss at 128 tokens: {source:.3f}. SST-2: {SST2['steps']} steps of batch {SST2['batch']}, "
-        f"{SST2['dev']} held-back sentences{majority(sst2)}; IMDB: {IMDB['steps']} steps of batch {IMDB['batch']}, "
-        f"{evaluated} held-back reviews{majority(imdb)}."
+    return (
+        f"Fine-tuning, the same for warm and scratch: SST-2 {SST2['steps']} steps of batch {SST2['batch']}, "
+        f"{SST2['dev']} held-back sentences{majority(sst2)}; IMDB {IMDB['steps']} steps of batch {IMDB['batch']} "
+        f"at {IMDB['length']} tokens, {evaluated} held-back reviews{majority(imdb)}."
     )
-    paired = _load("paired")
-    tests = [
-        f"{TASK_NAMES[task]} {row['only_warm_right']} against {row['only_scratch_right']} (exact McNemar p = "
-        f"{row['mcnemar_p']:.2g})"
-        for task, row in ((task, paired[task][family]) for task in TASK_NAMES if task in paired)
-    ]
-    if tests:
-        note += f" Held-back examples only the warm start / only the scratch model gets right: {'; '.join(tests)}."
-    if family in second:
-        dense = "" if family == "dense_transformer" else f" (dense {_pair(second, 'dense_transformer', percent=True)})"
-        note += (
-            f" SST-2 fine-tuned again with seed {second['seed']} (the table's runs: {SEED}), warm / scratch: "
-            f"{_pair(second, family, percent=True)}{dense}."
-        )
-    rows = [row(family)] + ([row("dense_transformer")] if family != "dense_transformer" else [])
-    return "\n".join([header, *rows, "", note])
 
 
 def _curve(record: dict[str, Any]) -> list[list[float]]:
