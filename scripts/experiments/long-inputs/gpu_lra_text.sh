@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # LRA Text (bytes) on one GPU: the paired comparison behind the long-document bar, over several training seeds.
 #
-# Every run uses the README's CPU protocol ("LRA Text on this CPU": the 2,000 / 500 split of the shipped reviews, IMDB
-# size, 1,500 steps of batch 16, AdamW 1e-3, 150 warm-up steps, mean pooling, length-grouped batches, fp32) on CUDA.
+# Every run uses the CPU protocol of this study's README ("LRA Text": the 2,000 / 500 split of the shipped reviews,
+# IMDB size, 1,500 steps of batch 16, AdamW 1e-3, 150 warm-up steps, mean pooling, length-grouped batches, fp32) on
+# CUDA.
 # Jobs, in priority order (each its own process: the models are small, so one GPU trains many side by side; each seed
 # its own results folder, since a folder holds one budget):
 #   1. for every seed: dense attention truncated to 1,024 bytes and A²-Former reading 4,096, fixed (sinusoidal)

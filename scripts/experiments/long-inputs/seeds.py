@@ -5,7 +5,7 @@ settings that differ between the folders read (e.g. `pretrain_steps`), so self-p
 same model are two rows. The logic lives in `attnzoo.evaluation.seeds`.
 
 Example:
-    # the README's LRA Text table: from scratch (H100) and self-pretrained (H200), against self-pretrained dense
+    # the study README's LRA Text table: from scratch (H100) and self-pretrained (H200), against self-pretrained dense
     python scripts/experiments/long-inputs/seeds.py \
         scripts/experiments/speed-memory/results/gpu-2026-11-26-h100/text/seed* \
         scripts/experiments/speed-memory/results/gpu-2026-11-26-h200/text/spt900-seed* \
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = load_seed_rows(args.folders)
         baselines = {} if args.baseline is None else {args.task: find_row(rows, args.task, args.baseline)}
     except ValueError as error:  # a missing folder or row, or a seed twice: the message says which
-        raise SystemExit(f"long_eval_seeds: {error}") from None
+        raise SystemExit(f"seeds: {error}") from None
     markdown = seeds_markdown(rows, baselines)
     print(markdown)
     if args.output:

@@ -1,11 +1,12 @@
 """Can a family learn to read a token's neighbours? Masked-LM training curves on a task that needs them.
 
-Self-pretraining on LRA Text (README "Long inputs") taught A²-Former the bytes and left dense attention and the Sparse
-Transformer at the entropy of byte frequencies. This probe separates "cannot find the neighbours" from a bug in a
-family: `--task pairs` is a synthetic sequence of symbol pairs whose second symbol is a fixed function of the first
-(a masked symbol is given away by its partner only), and `--hf_bert` adds transformers' own `BertForMaskedLM` of the
-same shape as the reference for dense attention. `--task text` trains on the shipped reviews' bytes instead. Every row
-uses `attnzoo.evaluation`'s masking and optimizer loop, with the same seed and batches.
+Self-pretraining on LRA Text (the long-inputs study, `scripts/experiments/long-inputs/README.md`) taught A²-Former the
+bytes and left dense attention and the Sparse Transformer at the entropy of byte frequencies. This probe separates
+"cannot find the neighbours" from a bug in a family: `--task pairs` is a synthetic sequence of symbol pairs whose
+second symbol is a fixed function of the first (a masked symbol is given away by its partner only), and `--hf_bert`
+adds transformers' own `BertForMaskedLM` of the same shape as the reference for dense attention. `--task text` trains
+on the shipped reviews' bytes instead. Every row uses `attnzoo.evaluation`'s masking and optimizer loop, with the same
+seed and batches.
 
 Example:
     python scripts/experiments/neighbour-probe/run.py --task pairs --length 128 --steps 600 --hf_bert \

@@ -23,11 +23,11 @@ For SBM the script uses the paper's straight-through estimator (Eq. 9, `ste_vari
 only (`ste_all_pairs=False`), the setting of the recorded results, see `SBM_TASK_OVERRIDES`; `--ste-all-pairs` sets
 `ste_all_pairs=True`, which also gives the unsampled pairs their straight-through gradient (the model's default does
 so too, with the official variant: pass `--sbm-overrides '{}'` to run the defaults). At N=256 and batch 256 one SBM
-step takes about 1.1 s on one CPU thread (full attention 0.25 s). Results are in the SBM model card and
-`scripts/experiments/sbm-synthetic/results/`. With the paper's estimator alone, Figure 4 is reproduced in 2 of 5
-seeds at N=64, 4 of 5 at N=128 and 3 of 8 at N=256 (`--batch 64 --lr 3e-3`); in the other runs the density rose
-to full attention and then collapsed to δ before the task was learned. With `--ste-all-pairs`: 5 of 5 at N=64 and
-6 of 8 at N=256 (`--steps 6000`). `--compare` plots the SBM runs of several result JSONs, one line per seed.
+step takes about 1.1 s on one CPU thread (full attention 0.25 s). Results and their discussion are in this study's
+`README.md` (the runs in its `results/`). With the paper's estimator alone, Figure 4 is reproduced in 2 of 5 seeds
+at N=64, 4 of 5 at N=128 and 3 of 8 at N=256 (`--batch 64 --lr 3e-3`); in the other runs the density rose to full
+attention and then collapsed to δ before the task was learned. With `--ste-all-pairs`: 5 of 5 at N=64 and 6 of 8
+at N=256 (`--steps 6000`). `--compare` plots the SBM runs of several result JSONs, one line per seed.
 """
 
 from __future__ import annotations
