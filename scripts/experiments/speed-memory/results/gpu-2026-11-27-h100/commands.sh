@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device call of 2026-11-27, from the repository root with .whl/ (datasets, dill, multiprocess wheels) carried:
-# `bash scripts/results/gpu-2026-11-27/commands.sh`. LRA Text rows that decide the long-document bar, side by side,
-# beside `pytest -m gpu`:
+# `bash scripts/experiments/speed-memory/results/gpu-2026-11-27-h100/commands.sh`. LRA Text rows that decide the
+# long-document bar, side by side, beside `pytest -m gpu`:
 #   - dense attention at 1,024 bytes, default learned positions, 1,500 steps, seeds 2-4 (seeds 0-1 ran on 2026-11-26);
 #   - the same for 2,400 steps (as long as the self-pretrained rows' 900 + 1,500), seeds 0-4;
 #   - rotary positions from scratch: dense at 1,024 bytes, A²-Former and the Sparse Transformer at 4,096, seeds 0-4.
