@@ -367,7 +367,7 @@ class SBMAttention(ZooAttention):
                     keep = torch.rand_like(attend).ge_(dropout_p).div_(1.0 - dropout_p)
                 out, weights = gated_attention(
                     q, k, v, attend, keep=keep, scale=self.scaling, return_weights=output_attentions,
-                    backend=cfg.attention_backend,
+                    closed_gradient=cfg.ste_unsampled_gradient, backend=cfg.attention_backend,
                 )  # fmt: skip
             elif output_attentions:
                 out, weights = dense_masked_attention(

@@ -3,7 +3,7 @@
 # No `from __future__ import annotations`: huggingface_hub's @strict checks field types only when the annotations
 # are real types, not strings.
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from huggingface_hub.dataclasses import strict
 
@@ -11,6 +11,7 @@ from ..core.configuration import SparseZooConfig
 
 SAMPLING_BACKENDS = ("bernoulli", "fastrg", "auto")
 STE_VARIANTS = ("official", "paper")
+STE_UNSAMPLED = ("opening", "derivative")
 
 
 @strict
@@ -41,16 +42,25 @@ class SBMConfig(SparseZooConfig):
         ste_clip (`float`, *optional*, defaults to 1.0):
             Clip (hardtanh) applied to the gradient of each edge probability that receives one.
         ste_all_pairs (`bool`, *optional*):
-            Also give the pairs that were *not* sampled a straight-through gradient: the gradient their mask entry
-            would get if the mask gated the softmax weights (`e^{s_ij} / Z_i` times the gain of adding key `j`, times
-            the logit for the `"paper"` variant), so the loss sees the cost of a missing edge. The official code
-            computes this gradient for every pair and keeps the sampled ones only (`grad ⊙ M`), as does the paper;
+            Also give the pairs that were *not* sampled a straight-through gradient: what adding key `j` to row `i`
+            would gain if the mask gated the softmax weights (`ste_unsampled_gradient` says how it is measured;
+            times the logit for the `"paper"` variant), so the loss sees the cost of a missing edge. The official
+            code computes a gradient for every pair and keeps the sampled ones only (`grad ⊙ M`), as does the paper;
             without the unsampled pairs the density collapsed to `δ` in 3 of 5 seeds of the repeated-token task
             at N = 64, with them in none (see the model card). `None` (default): on wherever a layer samples its
             graph densely (the Bernoulli backend, also when `"auto"` picks it), since it scores every pair (the
             attention then runs as [`~attnzoo.kernels.gated_attention`], whose backward gives every pair's gate
             gradient); fastRG graphs use the paper's estimator. `False`: the paper's estimator alone. `True`
             requires `sampling_backend="bernoulli"`.
+        ste_unsampled_gradient (`str`, *optional*, defaults to `"opening"`):
+            What `ste_all_pairs` gives a pair that was not sampled. `"opening"`: the first-order change of the loss
+            if its edge were added, `e^{s_ij} / (Z_i + e^{s_ij}) (∂L/∂o_i · v_j - ∂L/∂o_i · o_i)` with `Z_i` over
+            the row's attended keys: its weight is the one the key would get, at most 1, like a sampled edge's.
+            `"derivative"`: the derivative of the pair's gate at 0, whose weight `e^{s_ij} / Z_i` has no bound
+            (attnzoo 0.2, and what checkpoints saved before this field load with): for a key that outscores the
+            row's sampled ones it saturates the clip, and summed over every unsampled pair of every row (mean
+            pooling sends a gradient to every row) it grew the gradient norm to the hundreds and stalled short-input
+            training under gradient clipping. See [`~attnzoo.kernels.gated_attention`].
         shared_membership_mlp (`bool`, *optional*, defaults to `True`):
             One membership MLP per layer shared by all heads and by queries and keys (official code); `False` gives
             each head its own MLP (paper text).
@@ -107,6 +117,7 @@ class SBMConfig(SparseZooConfig):
     ste_variant: str = "official"
     ste_clip: float | int = 1.0
     ste_all_pairs: bool | None = None
+    ste_unsampled_gradient: str = "opening"
     shared_membership_mlp: bool = True
     membership_logit_bias: float | int = 0.0
     add_self_loops: bool = False
@@ -118,6 +129,12 @@ class SBMConfig(SparseZooConfig):
     sbm_in_decoder: bool = True
     sbm_in_cross_attention: bool = True
 
+    # Checkpoints saved before `ste_unsampled_gradient` existed were trained with the gate's derivative.
+    values_before_the_field: ClassVar[dict[str, Any]] = {
+        **SparseZooConfig.values_before_the_field,
+        "ste_unsampled_gradient": "derivative",
+    }
+
     def check_zoo_fields(self) -> None:
         super().check_zoo_fields()
         if self.num_clusters < 1:
@@ -128,6 +145,10 @@ class SBMConfig(SparseZooConfig):
             raise ValueError(f"`sparsity_weight` must be >= 0, got {self.sparsity_weight}.")
         if self.ste_variant not in STE_VARIANTS:
             raise ValueError(f"`ste_variant` must be one of {STE_VARIANTS}, got {self.ste_variant!r}.")
+        if self.ste_unsampled_gradient not in STE_UNSAMPLED:
+            raise ValueError(
+                f"`ste_unsampled_gradient` must be one of {STE_UNSAMPLED}, got {self.ste_unsampled_gradient!r}."
+            )
         if self.ste_clip <= 0:
             raise ValueError(f"`ste_clip` must be positive, got {self.ste_clip}.")
         if self.ste_all_pairs is True and self.sampling_backend != "bernoulli":

@@ -72,12 +72,12 @@ class DenseMaskSTE(torch.autograd.Function):
       attended pairs, the dtype's minimum elsewhere). The gradient reaching a sampled pair (its logit gradient,
       times its logit for the paper's variant, plus the regulariser's gradient through the counts) is clipped to
       `[-clip, clip]` and passed to the edge probability; every other pair gets zero.
-    - Every allowed pair (`all_pairs=True`): the output is the 0/1 gate of [`gated_attention`], whose gradient is
-      `∂L/∂m_ij` also on the pairs that were not sampled (what adding key `j` to row `i` would gain; on a sampled
-      pair it equals the logit gradient). Every pair in `allowed` (`None`: all) gets it, treated as above, except
-      the attended pairs that were not sampled (structural edges: window, global columns). This is the plain
-      straight-through estimator `∂L/∂p := ∂L/∂m`, which the official code's autograd computes for every pair
-      before it keeps the sampled ones.
+    - Every allowed pair (`all_pairs=True`): the output is the 0/1 gate of [`gated_attention`], which gives a
+      gradient also on the pairs that were not sampled (what adding key `j` to row `i` would gain, measured as its
+      `closed_gradient` says; on a sampled pair it equals the logit gradient). Every pair in `allowed` (`None`:
+      all) gets it, treated as above, except the attended pairs that were not sampled (structural edges: window,
+      global columns). This is the straight-through estimator `∂L/∂p := ∂L/∂m`, which the official code's autograd
+      computes for every pair before it keeps the sampled ones.
 
     These passes over the `(B, H, Nq, Nk)` pairs dominate the dense backend's cost, so each step is an in-place
     float op or is skipped when it cannot change anything.

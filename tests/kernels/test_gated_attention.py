@@ -29,12 +29,13 @@ def _run(fn, q, k, v, gate, keep, grad_out, scale, **kwargs):
     return out.detach(), weights, [t.grad for t in inputs]
 
 
+@pytest.mark.parametrize("closed_gradient", ["derivative", "opening"])
 @pytest.mark.parametrize("dropout", [False, True])
 @pytest.mark.parametrize("scale", [0.4, 3.0])  # 3.0: logits tens apart, closed pairs far above the open maximum
-def test_fused_equals_reference_forward_and_backward(dropout, scale):
+def test_fused_equals_reference_forward_and_backward(dropout, scale, closed_gradient):
     case = _case(dropout=dropout)
-    out, weights, grads = _run(gated_attention, *case, scale)
-    ref_out, _, ref_grads = _run(gated_attention_reference, *case, scale)
+    out, weights, grads = _run(gated_attention, *case, scale, closed_gradient=closed_gradient)
+    ref_out, _, ref_grads = _run(gated_attention_reference, *case, scale, closed_gradient=closed_gradient)
     assert weights is None
     torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)
     for name, a, b in zip(["q", "k", "v", "gate"], grads, ref_grads, strict=True):
@@ -72,6 +73,36 @@ def test_gate_gradient_is_its_definition_and_the_logit_gradient_on_open_pairs():
     ((masked * keep) @ v).backward(grad_out)
     open_pairs = gate == 1
     torch.testing.assert_close(grads[3][open_pairs], zero.grad[open_pairs], atol=1e-10, rtol=1e-9)
+
+
+def test_opening_gradient_is_the_change_of_a_linear_loss_when_a_closed_pair_opens():
+    # For L = <c, o>, opening pair (i, j) moves o_i by e^{s_ij} / (Z_i + e^{s_ij}) (ρ_ij v_j - o_i) exactly, so the
+    # "opening" gradient of a closed pair is the change of L itself; open pairs keep the derivative.
+    q, k, v, gate, keep, grad_out = _case(dropout=True, n=5, m=6)
+    out, _, opening = _run(gated_attention, q, k, v, gate, keep, grad_out, 0.7, closed_gradient="opening")
+    _, _, derivative = _run(gated_attention, q, k, v, gate, keep, grad_out, 0.7)
+    base = (grad_out * out).sum()
+    checked = 0
+    for index in (gate == 0).nonzero().tolist():
+        if gate[tuple(index[:3])].sum() == 0:
+            continue  # a row without an open pair has no output to move
+        opened = gate.clone()
+        opened[tuple(index)] = 1.0
+        moved = (grad_out * gated_attention(q, k, v, opened, keep=keep, scale=0.7)[0]).sum()
+        torch.testing.assert_close(opening[3][tuple(index)], moved - base, atol=1e-10, rtol=1e-9)
+        checked += 1
+    assert checked > 20
+    open_pairs = gate == 1
+    torch.testing.assert_close(opening[3][open_pairs], derivative[3][open_pairs], atol=0, rtol=0)
+    # The derivative at g = 0 overshoots wherever the closed key outscores the row's open keys: |w| > |w / (1 + w)|.
+    closed = (gate == 0) & (derivative[3] != 0)
+    assert torch.all(opening[3][closed].abs() < derivative[3][closed].abs())
+
+
+def test_an_unknown_closed_gradient_is_refused():
+    q, k, v, gate, _, _ = _case()
+    with pytest.raises(ValueError, match="`closed_gradient` must be one of"):
+        gated_attention(q, k, v, gate, closed_gradient="secant")
 
 
 def test_weights_are_the_masked_softmax_and_differentiable():

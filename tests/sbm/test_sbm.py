@@ -331,6 +331,40 @@ def test_output_attentions_keeps_the_all_pairs_gradient_with_global_tokens():
     assert_same_gradients(results[1][1], results[0][1], rtol=1e-4, atol=0.0, atol_of_largest=1e-6)
 
 
+def test_unsampled_pairs_get_the_gradient_the_config_names():
+    # The attention hands `ste_unsampled_gradient` to the gated attention; with the same graph the outputs agree
+    # and only the unsampled pairs' straight-through gradient (hence the memberships' gradients) differs.
+    results = {}
+    for chosen in ("opening", "derivative"):
+        config = make_config(ste_all_pairs=True, ste_unsampled_gradient=chosen)
+        attn = make_attention(config).train()
+        x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(2))
+        torch.manual_seed(4)
+        out = attn(x, torch.ones(2, 12, dtype=torch.bool))
+        out.hidden_states.pow(2).sum().backward()
+        results[chosen] = (out.hidden_states.detach(), attn.clusters.grad.clone(), attn.v_proj.weight.grad.clone())
+    (h1, c1, v1), (h2, c2, v2) = results.values()
+    torch.testing.assert_close(h1, h2, rtol=0, atol=0)
+    torch.testing.assert_close(v1, v2, rtol=0, atol=0)  # the values' gradient does not see the closed pairs
+    assert not torch.allclose(c1, c2), "the memberships' gradient must follow the closed pairs' estimator"
+
+
+def test_unsampled_gradient_field_is_checked_and_old_checkpoints_keep_the_derivative(tmp_path):
+    import json
+
+    with pytest.raises(ValueError, match="ste_unsampled_gradient"):
+        make_config(ste_unsampled_gradient="secant")
+    SBMConfig().save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    assert saved["ste_unsampled_gradient"] == "opening" and "transformers_version" in saved
+    del saved["ste_unsampled_gradient"]
+    path.write_text(json.dumps(saved))
+    # saved before the field existed: trained with the gate's derivative, and it loads so
+    assert SBMConfig.from_pretrained(tmp_path).ste_unsampled_gradient == "derivative"
+    assert SBMConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4}).ste_unsampled_gradient == "opening"
+
+
 def test_all_pairs_ste_needs_the_dense_backend():
     with pytest.raises(ValueError, match="ste_all_pairs"):
         make_config(ste_all_pairs=True, sampling_backend="fastrg")
