@@ -229,7 +229,7 @@ class ZooConfig(PreTrainedConfig):
 class SparseZooConfig(ZooConfig):
     r"""
     Base configuration of the five sparse families: [`ZooConfig`] with the defaults that let a sparse encoder read
-    a long input (measured on IMDB at 2,048 tokens; see each card's "Long inputs"). Method configs subclass it and
+    a long input (measured on IMDB at 2,048 tokens; the long-inputs study). Method configs subclass it and
     add their own fields; every field of [`ZooConfig`] applies.
 
     Args:

@@ -187,7 +187,7 @@ class FSATAttention(ZooAttention):
     # (`C_t` leaves out the pair (t, t), so no f1 / f2 makes it a function of `x_t`). Carried over, they would map
     # an input they never saw into the residual stream of every layer; they start fresh instead, and the output
     # projection at zero, so that each converted layer starts as the source's feed-forward path on the source's
-    # hidden states and the attention branch grows from there (the model card's "Warm start" has the numbers).
+    # hidden states and the attention branch grows from there (numbers: scripts/experiments/warm-start/).
     not_from_source = {
         **dict.fromkeys(
             ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias"),

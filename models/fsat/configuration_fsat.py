@@ -46,7 +46,7 @@ class FSATConfig(SparseZooConfig):
             `True` uses the normalised Gaussian density (the paper; its peak `1/sqrt(2*pi*sigma^2)` is 0.009 at
             `sigma^2 = 2048`, so the predicted edges barely reach the output beside a global token's weight of 1).
             `False` (ours, the default) drops the normalising constant: peak 1, the attention output on the scale of
-            the values (IMDB at 2048 tokens: 81.6% against 76.8% normalised; see the model card).
+            the values (IMDB at 2048 tokens: 81.6% against 76.8% normalised; the long-inputs study).
         feature_map (`str`, *optional*, defaults to `"mlp"`):
             Form of the feature maps `f1`, `f2`: `"mlp"` (Linear -> activation -> Linear, D -> D -> D) or `"dsconv"`
             (depth-wise Conv1d over the sequence -> activation -> point-wise Linear; the paper's Text-task variant).
@@ -74,7 +74,7 @@ class FSATConfig(SparseZooConfig):
             predicts queries around itself; the predictor learns offsets from there, over the same range `(0, L)`.
             `"none"` is the paper's `sigmoid(C W_I + b_I) * L`, whose untrained predictions all sit near `L / 2`: in a
             2048-token input only about a quarter of the queries get a predicted edge, and the first token none (see
-            the model card, "Long inputs"). The predictor reads the pooled cross `C_j`, unrotated: with
+            the long-inputs study). The predictor reads the pooled cross `C_j`, unrotated: with
             `position_embedding_type="rotary"` nothing is added to the embeddings, so under `"none"` the first
             layer's predictor has no position to start from, while `"key_position"` still gives each key its own.
         shared_index_predictor (`bool`, *optional*, defaults to `False`):

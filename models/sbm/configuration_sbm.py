@@ -47,7 +47,7 @@ class SBMConfig(SparseZooConfig):
             times the logit for the `"paper"` variant), so the loss sees the cost of a missing edge. The official
             code computes a gradient for every pair and keeps the sampled ones only (`grad ⊙ M`), as does the paper;
             without the unsampled pairs the density collapsed to `δ` in 3 of 5 seeds of the repeated-token task
-            at N = 64, with them in none (see the model card). `None` (default): on wherever a layer samples its
+            at N = 64, with them in none (the sbm-synthetic study). `None` (default): on wherever a layer samples its
             graph densely (the Bernoulli backend, also when `"auto"` picks it), since it scores every pair (the
             attention then runs as [`~attnzoo.kernels.gated_attention`], whose backward gives every pair's gate
             gradient); fastRG graphs use the paper's estimator. `False`: the paper's estimator alone. `True`
