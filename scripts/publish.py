@@ -5,7 +5,7 @@ card, flat remote code) and, with `--push`, upload it.
         --repo_id my-org/dense-tiny-sst2 --dataset_name "GLUE SST-2" --dataset_id nyu-mll/glue \
         --dataset_config sst2 --output_dir publish/dense-tiny-sst2 [--push --token hf_...]
 
-Without `--push` nothing leaves the machine. See the README section "Publishing on the Hugging Face Hub".
+Without `--push` nothing leaves the machine. See the README's "Publishing" and `scripts/README.md`.
 """
 
 from __future__ import annotations

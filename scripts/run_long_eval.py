@@ -7,24 +7,24 @@ fly; validation from its own seed). Writes `long_eval.json` (every run, with its
 finished run. The logic lives in `attnzoo.evaluation`.
 
 Examples:
-    # the README table (CPU, one thread per process; hours)
-    python scripts/run_long_eval.py --tasks imdb listops text --output_dir scripts/results/long-eval
+    # the long-inputs study's tables (CPU, one thread per process; hours)
+    python scripts/run_long_eval.py --tasks imdb listops text --output_dir outputs/long-eval
     # why a family does (not) learn: what the pooled token sees at initialisation, padding share, gradient norms
     python scripts/run_long_eval.py --diagnose --tasks imdb --imdb_lengths 2048 \
         --variant "a2former:num_global_tokens=0,classifier_pooling=cls" --output_dir outputs/long-eval-diagnostics
     # one family against dense on IMDB at 2048, with an ablation row
     python scripts/run_long_eval.py --tasks imdb --families a2former --imdb_lengths 2048 \
         --variant "a2former:num_global_tokens=0" --output_dir outputs/long-eval-a2
-    # LRA Text with self-pretraining: 900 masked-LM steps on the training bytes, then the classifier (README
-    # "Long inputs"; one GPU)
+    # LRA Text with self-pretraining: 900 masked-LM steps on the training bytes, then the classifier (the
+    # long-inputs study; one GPU)
     python scripts/run_long_eval.py --tasks text --families --variant "a2former:position_embedding_type=sinusoidal" \
         --text_lengths 4096 --text_dense_lengths --text_pooling mean --group_by_length --steps 1500 --batch_size 16 \
         --learning_rate 1e-3 --warmup_steps 150 --pretrain_steps 900 --device cuda --output_dir outputs/lra-text-spt
-    # LRA ListOps trees (500-2,000 tokens) at a CPU budget: the first 900 steps on trees of 100-500 tokens (README
-    # "Long inputs")
+    # LRA ListOps trees (500-2,000 tokens) at a CPU budget: the first 900 steps on trees of 100-500 tokens (the
+    # long-inputs study)
     python scripts/run_long_eval.py --tasks listops --listops_lengths 2048 --steps 1200 --warmup_steps 120 \
         --group_by_length --listops_curriculum_steps 900 --output_dir outputs/listops-curriculum
-    # LRA ListOps at its published budget and size, on a GPU (README "GPU")
+    # LRA ListOps at its published budget and size, on a GPU (the long-inputs study)
     python scripts/run_long_eval.py --tasks listops --listops_lengths 2048 --device cuda --bf16 \
         --hidden_size 512 --num_hidden_layers 6 --num_attention_heads 8 --intermediate_size 2048 \
         --steps 5000 --batch_size 32 --learning_rate 1.58e-3 --warmup_steps 1000 --schedule rsqrt \

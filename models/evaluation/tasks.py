@@ -35,7 +35,7 @@ TASK_NAMES = ("imdb", "text", "listops")
 BASELINE_FIT_EXAMPLES = 2000
 #: LRA's protocol for its tasks, whatever the model: classify from the first token (`pooling_mode = "CLS"` in its
 #: ListOps config, `classifier_pool = "CLS"` in its Text config). The zoo's sparse families pool the mean by default,
-#: which read IMDB better (README, "Long inputs"); on ListOps it hides the outermost operator the answer hangs on.
+#: which read IMDB better (the long-inputs study); on ListOps it hides the outermost operator the answer hangs on.
 LRA_MODEL_OVERRIDES: dict[str, Any] = {"classifier_pooling": "cls"}
 #: What the Text task may pool (`text_task(pooling=...)`): LRA's first token, or the mean of the real tokens.
 TEXT_POOLINGS = ("cls", "mean")
@@ -133,7 +133,7 @@ def position_reach(examples: list[Example], length: int) -> dict[str, int]:
     """`{"p": how many examples hold a token at position p}` for p = 512, 1024, ... below `length`.
 
     A learned position table trains row `p` on these examples only: the rows past the typical length see a fraction
-    of the data (README, "Long inputs": position handling).
+    of the data (the long-inputs study: position handling).
     """
     marks = [512 * 2**k for k in range(16) if 512 * 2**k < length]
     return {str(p): sum(len(ids) > p for ids, _ in examples) for p in marks}
@@ -240,7 +240,7 @@ def text_task(
     """LRA Text: the same reviews and split as [`imdb_task`], one token per UTF-8 byte.
 
     `pooling` is the task's `classifier_pooling` for every family: `"cls"` is LRA's protocol; `"mean"` (the sparse
-    families' default) lets small byte-level models learn on a CPU budget (README, "Long inputs").
+    families' default) lets small byte-level models learn on a CPU budget (the long-inputs study).
     """
     if pooling not in TEXT_POOLINGS:
         raise ValueError(f"The Text task's pooling must be one of {TEXT_POOLINGS}, got {pooling!r}.")

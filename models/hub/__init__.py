@@ -1,7 +1,7 @@
 """Hub publishing: flat remote code generated from the package, model cards, the upload folder and the upload.
 
-`scripts/publish.py` is the command line over [`assemble`] and [`upload`]; the README section "Publishing on the
-Hugging Face Hub" explains the workflow and both ways of loading a published model.
+`scripts/publish.py` is the command line over [`assemble`] and [`upload`]; the README's "Publishing" and
+`scripts/README.md` explain the workflow and both ways of loading a published model.
 """
 
 from .card import CardError, CardInfo, RunMetrics, load_metrics, parse_metrics, render_model_card

@@ -1,6 +1,6 @@
 """Model cards: evaluation results from a training run's metrics JSON, rendered through `model_cards/TEMPLATE.md`.
 
-Accepted metrics files (documented in the README section "Publishing on the Hugging Face Hub"):
+Accepted metrics files (documented in `scripts/README.md`, "Publishing"):
 
 * the `metrics.json` the attnzoo training scripts write: `{"metrics": {"eval_accuracy": 0.81, ...}, "global_step":
   ..., "data": {...}, ...}` (the run information around `"metrics"` feeds the card's training section);
