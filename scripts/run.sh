@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # One entry point for a fresh clone: sets everything up (a .venv with the pinned CPU torch and attnzoo installed),
 # then runs the requested task.
-#   bash scripts/run.sh test         -> the default test suite (slow and GPU tests are skipped) against the newest
-#                                       transformers release pip resolves, as a new user gets it
+#   bash scripts/run.sh test         -> the default test suite (slow, GPU and wheel tests are skipped) against the
+#                                       newest transformers release pip resolves, as a new user gets it, on two
+#                                       processes (pytest-xdist; PYTEST_WORKERS=0 runs it in one)
 #   bash scripts/run.sh test-oldest  -> the same suite against the oldest supported transformers release
 #                                       (5.17.0, the GPU machine's), in a second environment (.venv-oldest)
+#   bash scripts/run.sh test-wheel   -> builds the wheel and installs it, non-editable and with the core
+#                                       dependencies only, into a fresh environment where every family must run
 #   bash scripts/run.sh demo         -> trains a tokenizer and tiny models on bundled data and prints the results
 #   bash scripts/run.sh gpu [STAGE ...] [--dry-run] -> the GPU validation (scripts/tools/gpu_check.py): pytest -m gpu, the
 #                                       CUDA bf16 benchmark, a bf16 fine-tune per family; with the machine's own
-#                                       python3/torch/transformers, no network and no venv (see the README's "GPU")
+#                                       python3/torch/transformers, no network and no venv (see scripts/README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 task="${1:-test}"
 shift || true
 PY="${PYTHON:-python3}"
 TORCH_VERSION="${ATTNZOO_TORCH_VERSION:-2.13.0}"
+# The default suite runs on two processes: the machine the project is developed and tested on has two cores.
+WORKERS="${PYTEST_WORKERS:-2}"
 # Lower end of `transformers>=...` in pyproject.toml; CI tests both ends of the range.
 OLDEST_TRANSFORMERS="5.17.0"
 
@@ -46,12 +51,16 @@ case "$task" in
     test)
         setup_venv .venv
         .venv/bin/python -c "import transformers, torch; print(f'transformers {transformers.__version__}, torch {torch.__version__}')"
-        .venv/bin/python -m pytest "$@"
+        .venv/bin/python -m pytest -n "$WORKERS" "$@"
         ;;
     test-oldest)
         setup_venv .venv-oldest "transformers==$OLDEST_TRANSFORMERS"
         .venv-oldest/bin/python -c "import transformers, torch; print(f'transformers {transformers.__version__}, torch {torch.__version__}')"
-        .venv-oldest/bin/python -m pytest "$@"
+        .venv-oldest/bin/python -m pytest -n "$WORKERS" "$@"
+        ;;
+    test-wheel)
+        setup_venv .venv
+        .venv/bin/python -m pytest -m wheel tests/packaging "$@"
         ;;
     demo)
         setup_venv .venv
@@ -75,7 +84,7 @@ case "$task" in
         "$GPU_PY" scripts/tools/gpu_check.py "$@"
         ;;
     *)
-        echo "usage: bash scripts/run.sh {test|test-oldest|demo|gpu} [extra args]" >&2
+        echo "usage: bash scripts/run.sh {test|test-oldest|test-wheel|demo|gpu} [extra args]" >&2
         exit 2
         ;;
 esac
