@@ -11,6 +11,9 @@ Examples:
     python scripts/benchmark.py --device cuda --dtype bf16 --lengths 1024 4096 16384 --output-dir results/bench-gpu
     # a quick look while developing
     python scripts/benchmark.py --families dense sbm --no-hf-baselines --lengths 256 --rounds 1 --level model
+    # the CPU proxies of GPU speed and memory per encoder layer (issue 49; the CUDA code path under Triton's
+    # interpreter, which this sets up on a machine without CUDA), written to proxies.{json,md}
+    python scripts/benchmark.py --proxies --output-dir results/proxies
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ from attnzoo.benchmarking import (  # noqa: E402  (environment first)
     DEFAULT_HF_BASELINES,
     HF_BASELINES,
     MAX_DEFAULT_CHECK_LENGTH,
+    PROXY_LENGTH,
+    PROXY_ROWS,
     BenchmarkSettings,
     ModelSize,
     markdown_report,
+    proxies_markdown,
     run_benchmark,
+    run_proxies,
+    write_proxies,
     write_reports,
 )
 
@@ -50,7 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="keep only these rows, e.g. dense sbm:fastrg-2%% (default: every row of the families)",
     )
     parser.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096])
-    parser.add_argument("--extra-lengths", nargs="+", type=int, default=[], help="longer lengths, zoo families only")
+    parser.add_argument(
+        "--extra-lengths", nargs="+", type=int, default=[], help="longer lengths, zoo families and the floor only"
+    )
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--rounds", type=int, help="timed interleaved rounds (default: CPU 7, CUDA 20)")
     parser.add_argument("--warmup", type=int, help="untimed warm-up steps per model (default: CPU 1, CUDA 10)")
@@ -81,6 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-layers", type=int, default=ModelSize.num_hidden_layers)
     parser.add_argument("--num-heads", type=int, default=ModelSize.num_attention_heads)
     parser.add_argument("--intermediate-size", type=int, default=ModelSize.intermediate_size)
+    parser.add_argument(
+        "--proxies",
+        action="store_true",
+        help=f"instead of timing: the CPU proxies of GPU speed and memory per encoder layer of --rows (default: "
+        f"{' '.join(PROXY_ROWS)}) at --proxy-length",
+    )
+    parser.add_argument("--proxy-length", type=int, default=PROXY_LENGTH, help="sequence length of the proxies")
     parser.add_argument("--output-dir", default="benchmark_results")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser.parse_args(argv)
@@ -121,12 +138,34 @@ def settings_from_args(args: argparse.Namespace) -> BenchmarkSettings:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.proxies:
+        return main_proxies(args)
     settings = settings_from_args(args)
     report = run_benchmark(settings, log=(lambda message: None) if args.quiet else print)
     paths = write_reports(report, args.output_dir)
     print(markdown_report(report))
     print("wrote " + ", ".join(str(path) for path in paths.values() if path is not None))
     return 0
+
+
+def main_proxies(args: argparse.Namespace) -> int:
+    """`--proxies`: measure, print and write the proxies (on CUDA when asked, else the CUDA path on the CPU)."""
+    import torch
+
+    if args.device == "cpu":
+        # The Triton kernels are built for the interpreter when first imported: nothing has imported them yet.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        torch.set_num_threads(args.threads)
+    report = run_proxies(
+        tuple(args.rows or PROXY_ROWS),
+        args.proxy_length,
+        device=args.device,
+        log=(lambda m: None) if args.quiet else print,
+    )
+    paths = write_proxies(report, args.output_dir)
+    print(proxies_markdown(report))
+    print("wrote " + ", ".join(str(path) for path in paths.values()))
+    return 0 if not report["errors"] else 1
 
 
 if __name__ == "__main__":

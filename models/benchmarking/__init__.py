@@ -23,18 +23,30 @@ parses arguments and writes files. The methodology (docs: `research/performance.
 - **Equivalence**: before timing, each family's fast path is compared with its `attention_backend="reference"` path
   on the same weights (outputs and parameter gradients, eval mode); speed-ups of a family that fails are flagged.
 
-Modules: `settings` (run settings, schema constants), `rows` (families, their `variants`, HF baselines),
-`workload` (one model and level at one length), `timing`, `memory`, `equivalence`, `machine` (run header),
-`aggregate`, `runner` (:func:`run_benchmark`), `report` (JSON, Markdown, plot) and `subprocesses` / `__main__`
-(the worker processes). Run `python -m attnzoo.benchmarking memory-worker|timing-worker SETTINGS_JSON` only through
-:func:`run_benchmark`.
+- **Rows**: every family (and its `variants`), the floor `null_attention` (the dense family whose attention returns
+  its values: no attention can go under it) and the transformers peers (BERT with SDPA or eager attention, BigBird,
+  Longformer, ModernBERT).
+- **CPU proxies of GPU speed and memory** (`proxies`, `proxy_report`): aten ops, device syncs, saved bytes, largest
+  intermediate and bytes written per encoder layer, counted through the CUDA code path (`recorder`).
+
+Modules: `settings` (run settings, schema constants), `rows` (families, their `variants`, the floor, HF baselines),
+`floor`, `workload` (one model and level at one length), `timing`, `memory`, `equivalence`, `machine` (run header),
+`aggregate`, `runner` (:func:`run_benchmark`), `report` (JSON, Markdown with the crossover table, plot),
+`kernel_timing` (kernel micro-benchmarks against SDPA), `recorder`, `proxies`, `proxy_report` and `subprocesses` /
+`__main__` (the worker processes). Run `python -m attnzoo.benchmarking memory-worker|timing-worker SETTINGS_JSON`
+only through :func:`run_benchmark`.
 """
 
 from .aggregate import RUN_AGREEMENT, aggregate, summarize
 from .equivalence import check_equivalence
+from .floor import FLOOR_MODEL, NullAttention, NullAttentionModel
+from .kernel_timing import KERNEL_BENCHMARKS, kernel_markdown, register_kernel_benchmark, time_kernels
 from .machine import apply_threads, loadavg, machine_header
 from .memory import cpu_memory, cpu_peak_bytes, cuda_peak_bytes, memory_worker
-from .report import markdown_report, plot_report, write_reports
+from .proxies import PROXY_LENGTH, PROXY_ROWS, PROXY_SIZE, LayerProxies, measure_layer_proxies
+from .proxy_report import ProxySummary, proxies_markdown, run_proxies, summarize_proxies, write_proxies
+from .recorder import OpRecorder
+from .report import crossover_table, markdown_report, plot_report, write_reports
 from .rows import BenchModel, benchmark_models, family_variants, make_inputs, resolve_families
 from .runner import run_benchmark
 from .settings import (
@@ -53,6 +65,25 @@ from .workload import Workload, first_encoder_layer
 
 __all__ = [
     "DEFAULT_HF_BASELINES",
+    "FLOOR_MODEL",
+    "KERNEL_BENCHMARKS",
+    "PROXY_LENGTH",
+    "PROXY_ROWS",
+    "PROXY_SIZE",
+    "LayerProxies",
+    "NullAttention",
+    "NullAttentionModel",
+    "OpRecorder",
+    "ProxySummary",
+    "crossover_table",
+    "kernel_markdown",
+    "measure_layer_proxies",
+    "proxies_markdown",
+    "register_kernel_benchmark",
+    "run_proxies",
+    "summarize_proxies",
+    "time_kernels",
+    "write_proxies",
     "HF_BASELINES",
     "LEVELS",
     "MAX_DEFAULT_CHECK_LENGTH",

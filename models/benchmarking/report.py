@@ -87,7 +87,58 @@ def markdown_report(report: dict[str, Any]) -> str:
                 f"| {_fmt(r.get('attention_density'), 3)} | {notes} |"
             )
         lines.append("")
+        if len({r["length"] for r in level_results}) > 1:
+            lines += [
+                f"### {'whole model' if level == 'model' else 'one encoder layer'}: forward+backward time × dense",
+                "",
+                *crossover_markdown(report, level),
+                "",
+            ]
     return "\n".join(lines)
+
+
+def crossover_table(report: dict[str, Any], level: str = "model", mode: str = "fwd_bwd") -> dict[str, dict[str, Any]]:
+    """Per row, its time ratio to dense at every length, and the crossover length: the shortest measured `N` from
+    which on the row is faster than dense (ratio < 1) at every longer length where it ran.
+
+    Returns `{row: {"ratios": {N: ratio or None}, "crossover": N or None, "faster_at_longest": bool or None}}`;
+    `crossover` is `None` when the row is not faster at the longest length it ran (or ran nowhere). A length where
+    the row did not run (out of memory, too slow, time budget) has ratio `None` and does not break the run of faster
+    lengths.
+    """
+    lengths = sorted({r["length"] for r in report["results"] if r["level"] == level})
+    table: dict[str, dict[str, Any]] = {}
+    for result in report["results"]:
+        if result["level"] != level or result["model"] == REFERENCE_MODEL:
+            continue
+        row = table.setdefault(result["model"], {"ratios": dict.fromkeys(lengths)})
+        timing = result.get(mode) if result["status"] == "ok" else None
+        row["ratios"][result["length"]] = timing.get("ratio") if timing else None
+    for row in table.values():
+        measured = [(n, ratio) for n, ratio in row["ratios"].items() if ratio is not None]
+        crossover = None
+        for n, ratio in reversed(measured):
+            if ratio >= 1.0:
+                break
+            crossover = n
+        row["crossover"] = crossover
+        row["faster_at_longest"] = measured[-1][1] < 1.0 if measured else None
+    return table
+
+
+def crossover_markdown(report: dict[str, Any], level: str = "model") -> list[str]:
+    """The forward+backward ratio to dense of every row at every length, and the crossover length (Markdown)."""
+    table = crossover_table(report, level)
+    lengths = sorted({r["length"] for r in report["results"] if r["level"] == level})
+    lines = [
+        "| model | " + " | ".join(f"N = {n}" for n in lengths) + " | faster than dense from |",
+        "|---|" + "---|" * (len(lengths) + 1),
+    ]
+    for name, row in table.items():
+        cells = [_fmt(row["ratios"][n]) for n in lengths]
+        crossover = f"N = {row['crossover']}" if row["crossover"] is not None else "not within the lengths run"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {crossover} |")
+    return lines
 
 
 def plot_report(report: dict[str, Any], path: str | Path) -> bool:

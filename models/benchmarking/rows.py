@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .floor import FLOOR_MODEL, null_attention_model
 from .settings import HF_BASELINES, REFERENCE_MODEL, ModelSize
 from .variants import VARIANTS, Overrides
 
@@ -19,8 +20,9 @@ class BenchModel:
     """One row of the benchmark: a zoo family (optionally a variant) or a transformers baseline.
 
     Args:
-        name: row label (`"dense_transformer"`, `"sbm:fastrg-2%"`, `"hf:bert-sdpa"`).
-        kind: `"family"` (runs the extra lengths) or `"hf"`.
+        name: row label (`"dense_transformer"`, `"null_attention"`, `"sbm:fastrg-2%"`, `"hf:bert-sdpa"`).
+        kind: `"family"`, `"floor"` (the dense family with a null attention: `attnzoo.benchmarking.floor`; both run
+            the extra lengths) or `"hf"`.
         build: `build(size, length) -> nn.Module` returning a fresh model in eval mode.
         global_first_token: pass Longformer's `global_attention_mask` with global attention on token 0.
         family / variant / overrides: where a zoo row comes from (recorded in the JSON). `overrides` is a dict of
@@ -64,7 +66,7 @@ def resolve_families(names: list[str] | None, errors: dict[str, str] | None = No
 
     def find(name: str) -> Any | None:
         for family in families.values():
-            package = _family_package(family)
+            package = family_package(family)
             if name in (family.name, family.model_type, package, package.removeprefix("attnzoo.")):
                 return family
         return None
@@ -94,7 +96,7 @@ def resolve_families(names: list[str] | None, errors: dict[str, str] | None = No
     return resolved
 
 
-def _family_package(family: Any) -> str:
+def family_package(family: Any) -> str:
     """Dotted name of the package that defines `family` (`"attnzoo.dense_transformer"`)."""
     return family.config_class.__module__.rsplit(".", 1)[0]
 
@@ -125,6 +127,9 @@ def _hf_builder(key: str) -> Callable[[ModelSize, int], nn.Module]:
             LongformerModel,
         )
 
+        if key == "modernbert":
+            return modernbert_model(size, length)
+
         common = size.config_kwargs(length)
         if key in ("bert-sdpa", "bert-eager"):
             config = BertConfig(**common, attn_implementation=key.removeprefix("bert-"))
@@ -142,13 +147,43 @@ def _hf_builder(key: str) -> Callable[[ModelSize, int], nn.Module]:
     return build
 
 
+def modernbert_model(size: ModelSize, length: int) -> nn.Module:
+    """transformers' ModernBERT encoder at `size`, in eval mode: its own layer recipe (pre-norm, rotary positions,
+    gated GELU FFN, no biases) and its attention pattern, global attention in every third layer (the first of each
+    three) and a 128-token sliding window (64 on each side) in the others.
+
+    Its gated FFN projects to twice `intermediate_size`, so `intermediate_size` is set to two thirds of the common
+    FFN width (2048 for 3072): the FFN then has the parameters and FLOPs of the other rows'. Dropout is 0; the
+    special token ids are moved into the (possibly small) vocabulary.
+    """
+    from transformers import ModernBertConfig, ModernBertModel
+
+    config = ModernBertConfig(
+        vocab_size=size.vocab_size,
+        hidden_size=size.hidden_size,
+        num_hidden_layers=size.num_hidden_layers,
+        num_attention_heads=size.num_attention_heads,
+        intermediate_size=2 * size.intermediate_size // 3,
+        max_position_embeddings=length + 2,
+        pad_token_id=0,
+        bos_token_id=1,
+        cls_token_id=1,
+        eos_token_id=2,
+        sep_token_id=2,
+        attn_implementation="sdpa",
+    )
+    return ModernBertModel(config).eval()
+
+
 def benchmark_models(
     families: list[str] | None,
     hf_baselines: list[str],
     errors: dict[str, str] | None = None,
     keep: list[str] | None = None,
 ) -> list[BenchModel]:
-    """Rows of the benchmark: every family (plus its variants), then the HF baselines. Dense family comes first.
+    """Rows of the benchmark: every family (plus its variants), then the HF baselines. The dense family comes first,
+    followed by the floor (`null_attention`, the dense family with an attention that returns its values), which
+    comes with it.
 
     `errors`, when given, collects the families that could not be loaded instead of raising. `keep`, when given,
     names the rows to keep; a name that matches no row is an error.
@@ -156,6 +191,10 @@ def benchmark_models(
     rows = []
     for family in resolve_families(families, errors):
         rows.append(BenchModel(family.name, "family", _family_builder(family, {}), family=family.name))
+        if family.name == REFERENCE_MODEL:
+            rows.append(
+                BenchModel(FLOOR_MODEL, "floor", null_attention_model, family=family.name, variant=FLOOR_MODEL)
+            )
         for variant, overrides in family_variants(family).items():
             rows.append(
                 BenchModel(
@@ -174,7 +213,7 @@ def benchmark_models(
         if unknown:
             raise ValueError(f"Unknown benchmark rows {unknown}; available: {[row.name for row in rows]}.")
         rows = [row for row in rows if row.name in keep]
-    rows.sort(key=lambda row: row.name != REFERENCE_MODEL)
+    rows.sort(key=lambda row: (row.name != REFERENCE_MODEL, row.name != FLOOR_MODEL))
     return rows
 
 

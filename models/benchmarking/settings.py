@@ -12,8 +12,8 @@ SCHEMA_VERSION = 1
 MODES = ("fwd", "fwd_bwd")
 LEVELS = ("model", "layer")
 REFERENCE_MODEL = "dense_transformer"
-HF_BASELINES = ("bert-sdpa", "bert-eager", "bigbird", "longformer")
-DEFAULT_HF_BASELINES = ("bert-sdpa", "bigbird", "longformer")
+HF_BASELINES = ("bert-sdpa", "bert-eager", "bigbird", "longformer", "modernbert")
+DEFAULT_HF_BASELINES = ("bert-sdpa", "bigbird", "longformer", "modernbert")
 #: longest default fast-vs-reference check (the check's reference path materialises every `(query, key)` pair)
 MAX_DEFAULT_CHECK_LENGTH = 4096
 
@@ -53,7 +53,7 @@ class BenchmarkSettings:
         rows: keep only these rows (`"dense_transformer"`, `"sbm:fastrg-2%"`, `"hf:bert-sdpa"`); `None` keeps
             every row of the chosen families and baselines. The dense family must stay: every ratio is relative to it.
         lengths: sequence lengths run for every model.
-        extra_lengths: longer lengths run for the zoo families only.
+        extra_lengths: longer lengths run for the zoo families (and the floor row) only.
         rounds / warmup: timed rounds and untimed warm-up steps per (model, level, mode); `None` picks a device
             default (CPU 7 / 1, CUDA 20 / 10).
         threads: intra-op CPU threads (1 on shared machines: more threads amplify neighbours' noise).
@@ -62,6 +62,8 @@ class BenchmarkSettings:
         memory_lengths: lengths to measure CPU peak memory at (`None` = all).
         memory_jobs: CPU memory subprocesses running at once (memory does not suffer from sharing the CPU).
         max_seconds_per_step: once a step of a model exceeds this, longer lengths of that model are skipped.
+        time_budget_s: once a timing sweep has run this long, its remaining lengths are skipped (recorded as
+            `"skipped: time budget"`); `None` runs them all.
         runs: repeat the timing sweep in this many fresh processes (1 = in this process).
         check_equivalence: compare each family's fast path with its reference path before timing.
     """
@@ -82,6 +84,7 @@ class BenchmarkSettings:
     memory_lengths: list[int] | None = None
     memory_jobs: int = 1
     max_seconds_per_step: float | None = 30.0
+    time_budget_s: float | None = None
     runs: int = 1
     check_equivalence: bool = True
     check_length: int | None = None

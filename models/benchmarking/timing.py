@@ -97,8 +97,17 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
     start_load = loadavg()
     too_slow: set[tuple[str, str]] = set()
     entries = []
+    deadline = None if settings.time_budget_s is None else time.monotonic() + settings.time_budget_s
     for length in settings.all_lengths:
-        active = [row for row in rows if length in settings.lengths or row.kind == "family"]
+        active = [row for row in rows if length in settings.lengths or row.kind != "hf"]
+        if deadline is not None and time.monotonic() > deadline:
+            log(f"N={length}: skipped, the time budget of {settings.time_budget_s:.0f} s is spent")
+            entries += [
+                {"model": row.name, "level": level, "length": length, "status": "skipped: time budget", "notes": []}
+                for row in active
+                for level in settings.levels
+            ]
+            continue
         workloads: dict[tuple[str, str], Workload] = {}
         length_entries: dict[tuple[str, str], dict[str, Any]] = {}
         for row in active:

@@ -31,8 +31,9 @@ def _hidden(output: Any) -> torch.Tensor:
 
 
 def first_encoder_layer(model: nn.Module) -> nn.Module:
-    """The first encoder layer: `encoder.layers[0]` in the zoo, `encoder.layer[0]` in BERT-like HF models."""
-    encoder = model.encoder
+    """The first encoder layer: `encoder.layers[0]` in the zoo, `encoder.layer[0]` in BERT-like HF models,
+    `layers[0]` in ModernBERT (no encoder module)."""
+    encoder = getattr(model, "encoder", model)
     layers = getattr(encoder, "layers", None) or encoder.layer
     return layers[0]
 

@@ -24,6 +24,7 @@ from attnzoo.benchmarking import (
     ModelSize,
     benchmark_models,
     check_equivalence,
+    crossover_table,
     markdown_report,
     summarize,
     timing_sweep,
@@ -59,12 +60,15 @@ def test_json_schema(tiny_run: tuple[dict, Path]) -> None:
     assert machine["threads"] == 1
     assert len(machine["loadavg_start"]) == 3 and len(machine["loadavg_end"]) == 3
     assert report["settings"]["lengths"] == [64, 128]
-    assert [m["name"] for m in report["models"]] == ["dense_transformer", "hf:bert-sdpa"]
+    assert [m["name"] for m in report["models"]] == ["dense_transformer", "null_attention", "hf:bert-sdpa"]
     assert report["models"][0]["equivalence"]["passed"] is True
-    assert report["models"][1]["equivalence"] is None
+    assert report["models"][1]["equivalence"] is None and report["models"][2]["equivalence"] is None
     keys = {(r["model"], r["level"], r["length"]) for r in report["results"]}
     assert keys == {
-        (m, level, n) for m in ("dense_transformer", "hf:bert-sdpa") for level in LEVELS for n in (64, 128)
+        (m, level, n)
+        for m in ("dense_transformer", "null_attention", "hf:bert-sdpa")
+        for level in LEVELS
+        for n in (64, 128)
     }
 
 
@@ -102,11 +106,24 @@ def test_saved_bytes_match_bert(tiny_run: tuple[dict, Path]) -> None:
             assert 0.8 < result["saved_ratio"] < 1.25, result
 
 
+def test_the_floor_row_keeps_less_than_dense(tiny_run: tuple[dict, Path]) -> None:
+    """The null attention keeps only the values for its attention, so it saves less for backward than dense at
+    every level and length (its time is noise on a shared machine)."""
+    report, _ = tiny_run
+    floor = [r for r in report["results"] if r["model"] == "null_attention"]
+    assert len(floor) == 4  # two levels, two lengths
+    for result in floor:
+        assert result["saved_ratio"] < 1.0, result
+
+
 def test_report_files(tiny_run: tuple[dict, Path]) -> None:
     report, output_dir = tiny_run
     assert (output_dir / "benchmark.png").stat().st_size > 0
     table = (output_dir / "benchmark.md").read_text()
     assert "| 128 | hf:bert-sdpa |" in table and "one encoder layer" in table
+    # two lengths: the crossover table, one line per row but dense
+    assert "| model | N = 64 | N = 128 | faster than dense from |" in table
+    assert sum(line.startswith("| null_attention | ") for line in table.splitlines()) == 2  # model and layer
 
 
 def test_failed_equivalence_is_flagged(tiny_run: tuple[dict, Path]) -> None:
@@ -133,18 +150,25 @@ def test_extra_lengths_only_for_families() -> None:
         warmup=0, levels=["model"], size=TINY, check_equivalence=False,
     )  # fmt: skip
     ran = {(e["model"], e["length"]) for e in timing_sweep(settings)["entries"]}
-    assert ran == {("dense_transformer", 32), ("hf:bert-sdpa", 32), ("dense_transformer", 64)}
+    assert ran == {
+        ("dense_transformer", 32),
+        ("null_attention", 32),
+        ("hf:bert-sdpa", 32),
+        ("dense_transformer", 64),
+        ("null_attention", 64),
+    }
 
 
 def test_rows_and_errors() -> None:
     rows = benchmark_models(["dense_transformer"], ["longformer", "bert-sdpa"])
-    assert [row.name for row in rows] == ["dense_transformer", "hf:longformer", "hf:bert-sdpa"]
-    assert rows[1].global_first_token
+    assert [row.name for row in rows] == ["dense_transformer", "null_attention", "hf:longformer", "hf:bert-sdpa"]
+    assert rows[2].global_first_token
     with pytest.raises(ValueError, match="Unknown family"):
         benchmark_models(["no_such_family"], [])
     errors: dict[str, str] = {}
     assert [row.name for row in benchmark_models(["no_such_family", "dense_transformer"], [], errors)] == [
-        "dense_transformer"
+        "dense_transformer",
+        "null_attention",
     ]
     assert "no_such_family" in errors
     with pytest.raises(ValueError, match="Unknown level or HF baseline"):
@@ -183,9 +207,9 @@ def test_repeated_runs_in_subprocesses(tmp_path: Path) -> None:
 def test_benchmark_variants_are_extra_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(VARIANTS, "dense_transformer", {"pre-norm": {"pre_norm": True}})
     rows = benchmark_models(["dense_transformer"], [])
-    assert [row.name for row in rows] == ["dense_transformer", "dense_transformer:pre-norm"]
-    assert rows[1].overrides == {"pre_norm": True} and rows[1].variant == "pre-norm"
-    model = rows[1].build(TINY, 32)
+    assert [row.name for row in rows] == ["dense_transformer", "null_attention", "dense_transformer:pre-norm"]
+    assert rows[2].overrides == {"pre_norm": True} and rows[2].variant == "pre-norm"
+    model = rows[2].build(TINY, 32)
     assert model.config.pre_norm and model.config.max_position_embeddings == 34 and not model.training
     # `keep` (the `--rows` option) times one variant next to the dense family and names unknown rows.
     assert [
@@ -207,7 +231,7 @@ def test_benchmark_variant_settings_can_follow_the_length(monkeypatch: pytest.Mo
         return {"num_attention_heads": 1 if length <= 32 else 2}
 
     monkeypatch.setitem(VARIANTS, "dense_transformer", {"by-length": heads_by_length})
-    row = benchmark_models(["dense_transformer"], [])[1]
+    row = benchmark_models(["dense_transformer"], [])[2]
     assert row.build(TINY, 32).config.num_attention_heads == 1
     assert row.build(TINY, 64).config.num_attention_heads == 2
     assert row.describe()["overrides"] == {"per_length": "one head up to 32 tokens, two beyond"}
@@ -234,3 +258,26 @@ def test_equivalence_check_is_not_fooled_by_a_moved_selection(monkeypatch: pytes
     monkeypatch.setattr(fsat_attention, "edge_attention", ten_percent_off)
     wrong = check_equivalence(row, settings, 2048)
     assert wrong["passed"] is False, wrong
+
+
+def test_crossover_is_the_shortest_length_from_which_a_row_stays_faster() -> None:
+    def result(model: str, length: int, ratio: float | None, status: str = "ok") -> dict:
+        return {"model": model, "level": "model", "length": length, "status": status, "fwd_bwd": {"ratio": ratio}}
+
+    report = {
+        "results": [
+            *(result("dense_transformer", n, 1.0) for n in (1024, 4096, 16384, 65536)),
+            # slower, faster, slower again, faster: the crossover is where it stays faster
+            *(result("a", n, r) for n, r in ((1024, 1.4), (4096, 0.9), (16384, 1.1), (65536, 0.5))),
+            # faster everywhere it ran; out of memory at the longest length does not undo that
+            *(result("b", n, r) for n, r in ((1024, 0.8), (4096, 0.7), (16384, 0.6))),
+            result("b", 65536, None, "error: OutOfMemoryError: CUDA out of memory"),
+            # never faster
+            *(result("c", n, 1.5) for n in (1024, 4096, 16384, 65536)),
+        ]
+    }
+    table = crossover_table(report)
+    assert set(table) == {"a", "b", "c"}
+    assert (table["a"]["crossover"], table["b"]["crossover"], table["c"]["crossover"]) == (65536, 1024, None)
+    assert table["b"]["ratios"][65536] is None and table["b"]["faster_at_longest"]
+    assert not table["c"]["faster_at_longest"]
