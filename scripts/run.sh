@@ -67,6 +67,9 @@ case "$task" in
         .venv/bin/python scripts/demo.py "$@"
         ;;
     gpu)
+        # `bash scripts/run.sh gpu speed` is issue 49's prepared run (about 8 minutes on one H100: sync sanity, the
+        # proxies on CUDA, kernel micro-benchmarks, the base-size benchmark with the floor, the peers and the
+        # crossover lengths, a profile per family); without a stage, the validation (scripts/tools/gpu_check.py).
         # A GPU machine brings its own torch/transformers/triton and may have no network: nothing is installed from
         # an index. Pure-Python packages it lacks travel as wheels in .whl/ (prepared where pip works, e.g.
         # `pip download --no-deps -d .whl datasets==...`) and go to a private folder on the path.

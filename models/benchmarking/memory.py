@@ -70,9 +70,10 @@ def step_peaks(workload: Workload, peak: Callable[[Callable[[], None]], int], wa
 
 
 def in_process_memory(workload: Workload, settings: BenchmarkSettings) -> dict[str, Any]:
-    """In-process memory numbers of a workload: saved-for-backward bytes, and on CUDA the peak per mode."""
+    """In-process memory numbers of a workload: saved-for-backward bytes, and on CUDA the peak per mode (at the
+    `memory_lengths`)."""
     result: dict[str, Any] = {"saved_bytes": workload.saved_for_backward_bytes()}
-    if settings.device == "cuda":
+    if settings.device == "cuda" and (settings.memory_lengths is None or workload.length in settings.memory_lengths):
         # The saved-bytes count above dropped the gradients: one warm-up step re-creates them before the peak.
         result["cuda_peak_bytes"] = step_peaks(workload, cuda_peak_bytes, warm_up=True)
     return result

@@ -59,11 +59,13 @@ class BenchmarkSettings:
         threads: intra-op CPU threads (1 on shared machines: more threads amplify neighbours' noise).
         levels: `"model"` (the whole encoder) and/or `"layer"` (the first encoder layer on captured inputs).
         memory: on CPU, measure peak memory in a fresh subprocess per (model, length).
-        memory_lengths: lengths to measure CPU peak memory at (`None` = all).
+        memory_lengths: lengths to measure peak memory at (`None` = all): the CPU subprocesses, and on CUDA the
+            in-process peak (four extra steps per model and length).
         memory_jobs: CPU memory subprocesses running at once (memory does not suffer from sharing the CPU).
         max_seconds_per_step: once a step of a model exceeds this, longer lengths of that model are skipped.
-        time_budget_s: once a timing sweep has run this long, its remaining lengths are skipped (recorded as
-            `"skipped: time budget"`); `None` runs them all.
+        time_budget_s: a timing sweep starts a length only while its budget, at the pace of the previous length
+            (time per token), leaves room for it; the lengths it skips are recorded as `"skipped: time budget"`.
+            `None` runs them all.
         runs: repeat the timing sweep in this many fresh processes (1 = in this process).
         check_equivalence: compare each family's fast path with its reference path before timing.
     """

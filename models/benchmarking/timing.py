@@ -32,6 +32,8 @@ def timed(step: Callable[[], None], device: str) -> float:
 
 
 Task = tuple[tuple[str, str], str]  # ((model, level), mode)
+#: The clock of the sweep's time budget.
+_clock = time.monotonic
 
 
 def time_interleaved(
@@ -97,11 +99,13 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
     start_load = loadavg()
     too_slow: set[tuple[str, str]] = set()
     entries = []
-    deadline = None if settings.time_budget_s is None else time.monotonic() + settings.time_budget_s
+    deadline = None if settings.time_budget_s is None else _clock() + settings.time_budget_s
+    pace = 0.0  # seconds per token of the previous length
     for length in settings.all_lengths:
         active = [row for row in rows if length in settings.lengths or row.kind != "hf"]
-        if deadline is not None and time.monotonic() > deadline:
-            log(f"N={length}: skipped, the time budget of {settings.time_budget_s:.0f} s is spent")
+        length_start = _clock()
+        if deadline is not None and length_start + pace * length > deadline:
+            log(f"N={length}: skipped, the time budget of {settings.time_budget_s:.0f} s leaves no room for it")
             entries += [
                 {"model": row.name, "level": level, "length": length, "status": "skipped: time budget", "notes": []}
                 for row in active
@@ -161,4 +165,5 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
         if settings.device == "cuda":
             torch.cuda.empty_cache()
         entries.extend(length_entries.values())
+        pace = (_clock() - length_start) / length
     return {"loadavg_start": start_load, "loadavg_end": loadavg(), "entries": entries}

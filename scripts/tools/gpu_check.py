@@ -1,29 +1,35 @@
-"""The GPU validation in one program: `pytest -m gpu`, the CUDA bf16 benchmark, a bf16 `Trainer` fine-tune per family.
+"""The GPU validation in one program: `pytest -m gpu`, the CUDA bf16 benchmark, a bf16 `Trainer` fine-tune per family,
+and issue 49's prepared speed run.
 
 Run it through `bash scripts/run.sh gpu [STAGE ...] [options]` (which puts attnzoo on the path and installs any
-wheels carried in `.whl/`). Stages, in order (default: all):
+wheels carried in `.whl/`). Stages, in order (default: the first four):
 
 - `tests`: `pytest -m gpu` (every family's four heads on CUDA in bf16, kernels == references on CUDA, generation
   with a cache, ...), summarised from its JUnit XML;
 - `bench-small`, `bench-base`: the benchmark harness (`attnzoo.benchmarking`) on CUDA in bf16, batch 1, forward and
   forward+backward, N = 1024 ... 32768 (longer lengths of a model are skipped once a step exceeds
-  `--max-seconds-per-step`; out-of-memory is recorded), every family's main rows against the dense (SDPA) family,
-  HF BERT (SDPA), BigBird and Longformer; small = 2 layers, width 256, 4 heads; base = 12 layers, width 768, 12 heads;
+  `--max-seconds-per-step`; out-of-memory is recorded), every family's main rows against the dense (SDPA) family and
+  the floor row, HF BERT (SDPA), BigBird, Longformer and ModernBERT; small = 2 layers, width 256, 4 heads; base =
+  12 layers, width 768, 12 heads;
 - `train`: a 200-step bf16 `Trainer` fine-tune of every family's classifier (small config) on the bundled IMDB
-  reviews (`quick_finetune.py` beside this program).
+  reviews (`quick_finetune.py` beside this program);
+- `sanity`, `proxies`, `kernels`, `bench-speed`, `profile`: issue 49's prepared run (`gpu_speed.py` beside this
+  program says what each does), all five at once with the plan name `speed`: about 8 minutes on an H100, within
+  `ATTNZOO_GPU_BUDGET_S` (default 450 s) for the stages together.
 
 Everything lands in `scripts/experiments/speed-memory/results/gpu-<date>-<device>/` (or `--output-dir`):
 `summary.json` (device, versions and every stage's outcome), `README.md` (the tables, the speed goals at N = 16384
-met or not),
-`bench-<size>/benchmark.{json,md,png}` and `tests.xml`. Stages run in separate invocations add to the same folder,
-so each can stay within a 10-minute command limit. `--dry-run` runs every stage on the CPU at toy sizes (the tests
-stage only collects the GPU tests) to check the program itself on a machine without CUDA.
+met or not, the crossover lengths), `bench-<size>/benchmark.{json,md,png}`, `tests.xml`, `proxies.{json,md}`,
+`kernels.{json,md}` and `profile/` (a Chrome trace and the top ops per family). Stages run in separate invocations
+add to the same folder, so each can stay within a 10-minute command limit. `--dry-run` runs every stage on the CPU
+at toy sizes (the tests stage only collects the GPU tests) to check the program itself on a machine without CUDA.
 
 Examples:
-    bash scripts/run.sh gpu                                   # everything (about 15-25 minutes on an H100)
+    bash scripts/run.sh gpu speed                             # issue 49's run: first thing whenever a GPU is at hand
+    bash scripts/run.sh gpu                                   # the validation (about 15-25 minutes on an H100)
     bash scripts/run.sh gpu tests bench-small                 # the first 10-minute slice
     bash scripts/run.sh gpu bench-base --lengths 16384 32768  # a part of a stage
-    bash scripts/run.sh gpu --dry-run --output-dir /tmp/gpu-dry
+    bash scripts/run.sh gpu speed --dry-run --output-dir /tmp/gpu-dry
 """
 
 from __future__ import annotations
@@ -51,10 +57,15 @@ from attnzoo.benchmarking import BenchmarkSettings, ModelSize, run_benchmark, wr
 # quick_finetune.py lies beside this program; the tests import this file by its path, so its folder is not on the
 # path by itself.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_speed  # noqa: E402
+
 from quick_finetune import quick_finetune  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]  # scripts/tools/gpu_check.py: the checkout
-STAGES = ("tests", "bench-small", "bench-base", "train")
+VALIDATION_STAGES = ("tests", "bench-small", "bench-base", "train")
+STAGES = (*VALIDATION_STAGES, *gpu_speed.SPEED_STAGES)
+#: Named groups of stages.
+PLANS = {"speed": gpu_speed.SPEED_STAGES}
 SIZES = {
     "small": ModelSize(
         vocab_size=8000, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024
@@ -65,9 +76,11 @@ SIZES = {
 }
 DRY_SIZE = ModelSize(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 #: Benchmark rows: every family's default row, SBM's fastRG backend at 2% density and the merged strided Sparse
-#: Transformer (the one pattern that runs on the edge kernel), against our dense (SDPA) family and the HF baselines.
+#: Transformer (the one pattern that runs on the edge kernel), against our dense (SDPA) family, the floor and the HF
+#: baselines.
 ROWS = [
     "dense_transformer",
+    "null_attention",
     "a2former",
     "fsat",
     "sbm",
@@ -78,23 +91,34 @@ ROWS = [
     "hf:bert-sdpa",
     "hf:bigbird",
     "hf:longformer",
+    "hf:modernbert",
 ]
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
-#: The issue's goals at N = 16384, base size, bf16, forward+backward: fastest allowed time ratio to dense SDPA.
+#: The issue's goals (issue 49) at N = 16384, base size, bf16, forward+backward: the largest time ratio to dense
+#: SDPA (SBM at its fastRG 2% density and at 60 keys per query), and peak memory within 1.1x dense (FSAT 1.5x).
 GOAL_LENGTH = 16384
 TIME_GOALS = {
-    "sparse_transformer": 0.5,
-    "a2former": 0.5,
+    "sparse_transformer": 0.30,
+    "a2former": 0.35,
+    "smart_bird": 0.5,
     "fsat": 0.5,
-    "smart_bird": 1.0,
-    "sbm:fastrg-2%": 1.0,
+    "sbm:fastrg-2%": 2.5,
+    "sbm:fastrg-60/query": 1.0,
 }
-MEMORY_GOAL = 1.3
+MEMORY_GOAL = 1.1
+MEMORY_GOALS = {"fsat": 1.5}
+#: Every family is faster than Longformer and BigBird at these lengths.
+BEAT_LENGTHS = (16384, 65536)
+BASELINES = ("hf:bigbird", "hf:longformer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stages", nargs="*", help=f"stages to run, from {STAGES} (default: all, in that order)")
+    parser.add_argument(
+        "stages",
+        nargs="*",
+        help=f"stages to run, from {STAGES}, or a plan from {sorted(PLANS)} (default: {VALIDATION_STAGES})",
+    )
     parser.add_argument(
         "--output-dir", help="results folder (default: scripts/experiments/speed-memory/results/gpu-<date>-<device>)"
     )
@@ -107,10 +131,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-steps", type=int, default=200)
     parser.add_argument("--families", nargs="+", help="families of the train stage (default: all)")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.stages) - set(STAGES))
+    stages = [stage for name in args.stages for stage in PLANS.get(name, (name,))]
+    unknown = sorted(set(stages) - set(STAGES))
     if unknown:
-        parser.error(f"unknown stage(s) {unknown}; choose from {STAGES}")
-    args.stages = args.stages or list(STAGES)
+        parser.error(f"unknown stage(s) {unknown}; choose from {STAGES} or a plan from {sorted(PLANS)}")
+    args.stages = list(dict.fromkeys(stages)) or list(VALIDATION_STAGES)
     return args
 
 
@@ -205,7 +230,7 @@ def run_bench(size_name: str, out: Path, args: argparse.Namespace) -> dict[str, 
     settings = BenchmarkSettings(
         families=None,
         rows=args.rows or ROWS,
-        hf_baselines=["bert-sdpa", "bigbird", "longformer"],
+        hf_baselines=["bert-sdpa", "bigbird", "longformer", "modernbert"],
         lengths=args.lengths or ([64, 128] if args.dry_run else LENGTHS),
         device="cpu" if args.dry_run else "cuda",
         dtype="fp32" if args.dry_run else "bf16",
@@ -242,37 +267,65 @@ def raised_rows(report: dict[str, Any]) -> dict[str, str]:
 
 
 def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets at N = 16384, forward+backward: time ratio to dense, faster than BigBird and Longformer,
-    peak memory within 1.3x of dense. `None` where a row did not run at that length, and for the BigBird and
-    Longformer comparison when either baseline was not in the run (a baseline that ran out of memory or time there
-    counts as beaten)."""
-    planned = {r["model"] for r in report["results"] if r["length"] == GOAL_LENGTH}
-    at = {r["model"]: r for r in report["results"] if r["length"] == GOAL_LENGTH and r["status"] == "ok"}
+    """The issue's targets at N = 16384, forward+backward: time ratio to dense, peak memory ratio, and faster than
+    BigBird and Longformer at 16384 and 65536 tokens. `None` where a row did not run at that length, and for the
+    BigBird and Longformer comparison at a length where either baseline was not in the run (a baseline that ran out
+    of memory or time there counts as beaten)."""
 
-    def ms(name: str) -> float | None:
-        return at[name]["fwd_bwd"]["ms"] if name in at else None
+    def at(length: int) -> dict[str, dict[str, Any]]:
+        return {r["model"]: r for r in report["results"] if r["length"] == length and r["status"] == "ok"}
 
+    def planned(length: int) -> set[str]:
+        return {r["model"] for r in report["results"] if r["length"] == length}
+
+    goal = at(GOAL_LENGTH)
     rows = []
     for name, limit in TIME_GOALS.items():
-        ratio = at[name]["fwd_bwd"]["ratio"] if name in at else None
-        memory = (at[name].get("memory") or {}).get("fwd_bwd_ratio") if name in at else None
-        baselines = ("hf:bigbird", "hf:longformer")
-        beats = None
-        if ms(name) is not None and all(b in planned for b in baselines):
-            beats = all(ms(b) is None or ms(name) < ms(b) for b in baselines)
+        ratio = goal[name]["fwd_bwd"]["ratio"] if name in goal else None
+        memory = (goal[name].get("memory") or {}).get("fwd_bwd_ratio") if name in goal else None
+        memory_goal = MEMORY_GOALS.get(name, MEMORY_GOAL)
+        beats = {}
+        for length in BEAT_LENGTHS:
+            ran, scheduled = at(length), planned(length)
+            beats[length] = None
+            if name in ran and all(b in scheduled for b in BASELINES):
+                mine = ran[name]["fwd_bwd"]["ms"]
+                beats[length] = all(b not in ran or mine < ran[b]["fwd_bwd"]["ms"] for b in BASELINES)
         rows.append(
             {
                 "model": name,
                 "time_ratio": ratio,
                 "time_goal": limit,
-                # "2x faster" allows exactly half the time; "faster" needs strictly less.
-                "time_met": None if ratio is None else (ratio <= limit if limit < 1 else ratio < limit),
+                "time_met": None if ratio is None else ratio <= limit,
                 "beats_bigbird_and_longformer": beats,
                 "memory_ratio": memory,
-                "memory_met": None if memory is None else memory <= MEMORY_GOAL,
+                "memory_goal": memory_goal,
+                "memory_met": None if memory is None else memory <= memory_goal,
             }
         )
     return rows
+
+
+def goals_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The goals as a Markdown table."""
+    beat = " | ".join(f"faster than BigBird and Longformer at {n}" for n in BEAT_LENGTHS)
+    lines = [
+        f"Goals at N = {GOAL_LENGTH}, forward+backward, bf16 (time and peak memory relative to dense SDPA):",
+        "",
+        f"| model | time × dense | goal | met | memory × dense | goal | met | {beat} |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(BEAT_LENGTHS),
+    ]
+    for goal in rows:
+        beats = goal["beats_bigbird_and_longformer"]
+        if not isinstance(beats, dict):  # summaries written before the 65536 comparison: one value, at 16384
+            beats = {GOAL_LENGTH: beats}
+        cells = " | ".join(_yes(beats.get(n, beats.get(str(n)))) for n in BEAT_LENGTHS)
+        lines.append(
+            f"| {goal['model']} | {_fmt(goal['time_ratio'])} | ≤ {goal['time_goal']} | {_yes(goal['time_met'])} "
+            f"| {_fmt(goal['memory_ratio'])} | ≤ {goal.get('memory_goal', MEMORY_GOAL)} | {_yes(goal['memory_met'])} "
+            f"| {cells} |"
+        )
+    return lines
 
 
 def run_train(out: Path, args: argparse.Namespace, budget_end: float) -> dict[str, Any]:
@@ -348,19 +401,7 @@ def write_readme(out: Path, summary: dict[str, Any]) -> None:
                 *[f"- {k}: {v}" for k, v in bench["raised"].items()],
             ]
         if bench.get("goals"):
-            lines += [
-                "",
-                f"Goals at N = {GOAL_LENGTH}, forward+backward, bf16 (time and peak memory relative to dense SDPA):",
-                "",
-                "| model | time × dense | goal | met | faster than BigBird and Longformer | memory × dense | ≤ 1.3 |",
-                "|---|---|---|---|---|---|---|",
-            ]
-            for goal in bench["goals"]:
-                lines.append(
-                    f"| {goal['model']} | {_fmt(goal['time_ratio'])} | {'≤' if goal['time_goal'] < 1 else '<'} "
-                    f"{goal['time_goal']} | {_yes(goal['time_met'])} | {_yes(goal['beats_bigbird_and_longformer'])} "
-                    f"| {_fmt(goal['memory_ratio'])} | {_yes(goal['memory_met'])} |"
-                )
+            lines += ["", *goals_markdown(bench["goals"])]
         lines.append("")
     if "train" in stages:
         lines += [
@@ -376,7 +417,14 @@ def write_readme(out: Path, summary: dict[str, Any]) -> None:
                 f"{_fmt(r.get('train_samples_per_second'), 1)} | {_fmt(r.get('peak_memory_mb'), 0)} | {r['status']} |"
             )
         lines.append("")
+    lines += gpu_speed.readme_sections(stages)
+    if stages.get("bench-speed", {}).get("goals"):
+        lines += [*goals_markdown(stages["bench-speed"]["goals"]), ""]
     (out / "README.md").write_text("\n".join(lines))
+
+
+def _budget(stage: str, stages: list[str], deadline: float) -> float:
+    return gpu_speed.stage_budget(stage, stages, deadline)
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -399,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print("No CUDA device: run on a GPU machine, or pass --dry-run to check this program on the CPU.")
         return 2
+    if args.dry_run and not torch.cuda.is_available():
+        # The proxies take the Triton kernels' code path under the interpreter, chosen when the kernels are first
+        # imported (nothing has imported them yet).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     date = datetime.date.today().isoformat()
     out = Path(
         args.output_dir
@@ -408,16 +460,36 @@ def main(argv: list[str] | None = None) -> int:
     summary_path = out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"stages": {}}
     summary.update(environment=environment(), dry_run=args.dry_run, commit=_git_commit())
-    # Leave a minute of the usual 10-minute command limit for writing the results.
-    budget_end = time.perf_counter() + float(os.environ.get("ATTNZOO_GPU_BUDGET_S", "540"))
+    # Leave a minute of the usual 10-minute command limit for writing the results; the speed plan takes 8 minutes.
+    speed_plan = set(args.stages) & set(gpu_speed.SPEED_STAGES)
+    default_budget = "450" if speed_plan else "540"
+    budget_s = float(os.environ.get("ATTNZOO_GPU_BUDGET_S", default_budget))
+    budget_end = time.perf_counter() + budget_s
+    deadline = time.monotonic() + budget_s
+    speed_stages = [stage for stage in args.stages if stage in gpu_speed.SPEED_STAGES]
+    base, dry = SIZES["base"], DRY_SIZE
     for stage in args.stages:
         print(f"== {stage}", flush=True)
         if stage == "tests":
             result = run_tests(out, args.dry_run)
-        elif stage.startswith("bench-"):
+        elif stage in ("bench-small", "bench-base"):
             result = run_bench(stage.removeprefix("bench-"), out, args)
-        else:
+        elif stage == "train":
             result = run_train(out, args, budget_end)
+        elif stage == "sanity":
+            result = gpu_speed.run_sanity(out, args.dry_run, base, dry, _budget(stage, speed_stages, deadline))
+        elif stage == "proxies":
+            result = gpu_speed.run_proxies_stage(out, args.dry_run, dry)
+        elif stage == "kernels":
+            result = gpu_speed.run_kernels(out, args.dry_run)
+        elif stage == "bench-speed":
+            budget = _budget(stage, speed_stages, deadline)
+            result, report = gpu_speed.run_bench_speed(out, args.dry_run, base, dry, budget, args.lengths)
+            result["goals"] = goals(report)
+            result["raised"] = raised_rows(report)
+            result["passed"] = not result["equivalence_failed"] and not result["raised"]
+        else:
+            result = gpu_speed.run_profile(out, args.dry_run, base, dry, _budget(stage, speed_stages, deadline))
         summary["stages"][stage] = result
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
         write_readme(out, summary)

@@ -27,6 +27,7 @@ from attnzoo.benchmarking import (
     crossover_table,
     markdown_report,
     summarize,
+    timing,
     timing_sweep,
 )
 from attnzoo.benchmarking.variants import VARIANTS
@@ -281,3 +282,18 @@ def test_crossover_is_the_shortest_length_from_which_a_row_stays_faster() -> Non
     assert (table["a"]["crossover"], table["b"]["crossover"], table["c"]["crossover"]) == (65536, 1024, None)
     assert table["b"]["ratios"][65536] is None and table["b"]["faster_at_longest"]
     assert not table["c"]["faster_at_longest"]
+
+
+@pytest.mark.parametrize("budget,ran", [(25.0, {32}), (40.0, {32, 64}), (None, {32, 64})])
+def test_a_length_runs_only_while_the_time_budget_holds_it(monkeypatch: pytest.MonkeyPatch, budget, ran) -> None:
+    """At the pace of the previous length (10 s for 32 tokens here), 64 tokens need 20 s more: a budget of 25 s
+    skips them, one of 40 s does not."""
+    ticks = iter([0.0, 0.0, 10.0, 10.0, 30.0])  # budget start, N=32 start and end, N=64 start and end
+    monkeypatch.setattr(timing, "_clock", lambda: next(ticks))
+    settings = BenchmarkSettings(
+        families=["dense_transformer"], hf_baselines=[], rows=["dense_transformer"], lengths=[32, 64], rounds=1,
+        warmup=0, levels=["layer"], size=TINY, check_equivalence=False, time_budget_s=budget,
+    )  # fmt: skip
+    entries = {e["length"]: e["status"] for e in timing_sweep(settings)["entries"]}
+    assert {n for n, status in entries.items() if status == "ok"} == ran
+    assert all(status == "skipped: time budget" for n, status in entries.items() if n not in ran)

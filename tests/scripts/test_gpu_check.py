@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -71,36 +72,44 @@ def test_junit_summary_tells_collection_errors_from_failures(gpu_check, tmp_path
     assert len(summary["collection_errors"]) == 1
 
 
-def test_goals_compare_each_method_at_16384_with_dense_bigbird_and_longformer(gpu_check):
-    def result(model, ms, ratio, memory_ratio=None):
+def test_goals_are_the_issue_targets_at_16384_and_the_baselines_at_16384_and_65536(gpu_check):
+    def result(model, ms, ratio, memory_ratio=None, length=16384):
         memory = None if memory_ratio is None else {"fwd_bwd_ratio": memory_ratio}
         timing = {"ms": ms, "ratio": ratio}
-        return {"model": model, "length": 16384, "status": "ok", "fwd_bwd": timing, "memory": memory}
+        return {"model": model, "length": length, "status": "ok", "fwd_bwd": timing, "memory": memory}
 
     report = {
         "results": [
             result("dense_transformer", 100.0, 1.0, 1.0),
-            result("a2former", 40.0, 0.4, 1.2),
-            result("fsat", 60.0, 0.6, 1.5),
-            result("smart_bird", 90.0, 0.9, 1.0),
+            result("a2former", 30.0, 0.3, 1.05),
+            result("fsat", 60.0, 0.6, 1.4),
+            result("smart_bird", 85.0, 0.85, 1.0),
+            result("sbm:fastrg-2%", 200.0, 2.0, 1.2),
             result("hf:bigbird", 80.0, 0.8),
             result("hf:longformer", 120.0, 1.2),
+            result("a2former", 400.0, 0.25, length=65536),
+            result("hf:bigbird", 300.0, 0.2, length=65536),
+            result("hf:longformer", 900.0, 0.6, length=65536),
         ]
     }
     goals = {goal["model"]: goal for goal in gpu_check.goals(report)}
     assert goals["a2former"]["time_met"] and goals["a2former"]["memory_met"]
-    assert goals["a2former"]["beats_bigbird_and_longformer"]
-    assert not goals["fsat"]["time_met"] and not goals["fsat"]["memory_met"]
-    # Faster than dense, but slower than BigBird.
-    assert goals["smart_bird"]["time_met"] and not goals["smart_bird"]["beats_bigbird_and_longformer"]
+    assert goals["a2former"]["beats_bigbird_and_longformer"] == {16384: True, 65536: False}
+    # FSAT's memory goal is 1.5x; SBM's time goal at 2% density is 2.5x, its memory goal 1.1x.
+    assert not goals["fsat"]["time_met"] and goals["fsat"]["memory_met"]
+    assert goals["sbm:fastrg-2%"]["time_met"] and not goals["sbm:fastrg-2%"]["memory_met"]
+    # Faster than dense, slower than BigBird; not run at 65536: nothing said there.
+    assert goals["smart_bird"]["beats_bigbird_and_longformer"] == {16384: False, 65536: None}
+    assert not goals["smart_bird"]["time_met"]
     assert goals["sparse_transformer"]["time_ratio"] is None and goals["sparse_transformer"]["time_met"] is None
     # A baseline that ran out of memory is beaten; one that was not run says nothing.
-    report["results"][-1] = {"model": "hf:longformer", "length": 16384, "status": "oom"}
-    assert {goal["model"]: goal for goal in gpu_check.goals(report)}["a2former"]["beats_bigbird_and_longformer"]
+    report["results"][-1] = {"model": "hf:longformer", "length": 65536, "status": "oom"}
+    report["results"][-2] = {"model": "hf:bigbird", "length": 65536, "status": "oom"}
+    assert {g["model"]: g for g in gpu_check.goals(report)}["a2former"]["beats_bigbird_and_longformer"][65536]
     report["results"].pop()
-    assert {goal["model"]: goal for goal in gpu_check.goals(report)}["a2former"][
-        "beats_bigbird_and_longformer"
-    ] is None
+    assert {g["model"]: g for g in gpu_check.goals(report)}["a2former"]["beats_bigbird_and_longformer"][65536] is None
+    table = "\n".join(gpu_check.goals_markdown(gpu_check.goals(report)))
+    assert "| a2former | 0.30 | ≤ 0.35 | yes | 1.05 | ≤ 1.1 | yes | yes | – |" in table
 
 
 def test_a_row_that_raises_fails_the_stage_but_out_of_memory_does_not(gpu_check):
@@ -119,6 +128,56 @@ def test_a_row_that_raises_fails_the_stage_but_out_of_memory_does_not(gpu_check)
         ]
     }
     assert gpu_check.raised_rows(report) == {"a2former": "error: RuntimeError: triton launch failed (N = 1024)"}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU stand-in of the GPU run")
+def test_dry_run_of_the_speed_plan_runs_every_stage_and_writes_its_files(gpu_check, tmp_path):
+    """`bash scripts/run.sh gpu speed` on the CPU at toy sizes: sanity, proxies, kernels, the benchmark with the
+    floor and the peers, and the profiles, each summarised in summary.json and README.md."""
+    assert gpu_check.main(["speed", "--dry-run", "--output-dir", str(tmp_path), "--lengths", "64", "128"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    stages = summary["stages"]
+    assert list(stages) == ["sanity", "proxies", "kernels", "profile", "bench-speed"]
+    assert all(stage["passed"] for stage in stages.values()), {k: v for k, v in stages.items() if not v["passed"]}
+    # sanity: SDPA's kernel for each head dim and mask; every family's step checked
+    assert {(c["head_dim"], c["mask"]) for c in stages["sanity"]["sdpa"]} == {
+        (d, m) for d in (64, 8, 4) for m in (False, True)
+    }
+    assert [c["row"] for c in stages["sanity"]["syncs"]][:2] == ["dense_transformer", "null_attention"]
+    # proxies and kernels: their tables, every benchmark ran
+    proxies = json.loads((tmp_path / "proxies.json").read_text())
+    assert proxies["errors"] == {} and "sparse_transformer" in proxies["summaries"]
+    kernels = json.loads((tmp_path / "kernels.json").read_text())
+    assert kernels["results"][0]["name"] == "sdpa" and all(r["error"] is None for r in kernels["results"])
+    # the benchmark: the floor and the four peers beside every family, the crossover table, the goals
+    report = json.loads((tmp_path / stages["bench-speed"]["files"]["json"]).read_text())
+    timed = {r["model"] for r in report["results"] if r["status"] == "ok"}
+    assert {"null_attention", "hf:bert-sdpa", "hf:longformer", "hf:bigbird", "hf:modernbert"} <= timed
+    assert {"sbm:fastrg-60/query", "smart_bird"} <= timed
+    assert {goal["model"] for goal in stages["bench-speed"]["goals"]} == set(gpu_check.TIME_GOALS)
+    # the profiles: a trace and a table per family
+    assert all(p["error"] is None for p in stages["profile"]["profiles"])
+    assert (tmp_path / "profile" / "fsat.json.gz").stat().st_size > 0 and (tmp_path / "profile" / "fsat.txt").exists()
+    readme = (tmp_path / "README.md").read_text()
+    for heading in (
+        "## sanity",
+        "## CPU proxies",
+        "## kernel micro-benchmarks",
+        "faster than dense from",
+        "## profile",
+    ):
+        assert heading in readme
+
+
+def test_stage_budgets_leave_the_later_stages_their_time(gpu_check):
+    speed = list(gpu_check.PLANS["speed"])
+    deadline = time.monotonic() + 450
+    assert gpu_check.gpu_speed.stage_budget("sanity", speed, deadline) == pytest.approx(60, abs=1)
+    # Late: the profile gets what is left after the benchmark's reserve; the benchmark, last, all that is left.
+    assert gpu_check.gpu_speed.stage_budget("profile", speed, time.monotonic() + 280) == pytest.approx(40, abs=1)
+    assert gpu_check.gpu_speed.stage_budget("bench-speed", speed, time.monotonic() + 300) == pytest.approx(300, abs=1)
+    assert gpu_check.gpu_speed.stage_budget("profile", speed, time.monotonic() - 5) == 0
+    assert gpu_check.parse_args(["speed", "tests"]).stages == [*speed, "tests"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
