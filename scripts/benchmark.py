@@ -1,8 +1,11 @@
-"""Benchmark every attnzoo family against our dense family and transformers' BERT, BigBird and Longformer.
+"""Benchmark every attnzoo family against our dense family, the floor, and transformers' BERT, BigBird, Longformer
+and ModernBERT.
 
 Measures forward and forward+backward time and peak memory versus sequence length, for the whole small encoder and
 for one encoder layer, all models at identical width, depth and heads in one run, and writes `benchmark.json`,
-`benchmark.md` and `benchmark.png`. The measuring code is `attnzoo.benchmarking` (methodology in its docstring).
+`benchmark.md` (with the crossover length of every row) and `benchmark.png`. The floor row, `null_attention`, is the
+dense family with an attention that returns its values: no attention can go under it. The measuring code is
+`attnzoo.benchmarking` (methodology in its docstring).
 
 Examples:
     # the real run (quiet machine): all registered families + HF baselines, CPU, 1 thread, peak memory, 2 runs

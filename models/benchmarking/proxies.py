@@ -126,11 +126,11 @@ CUDA_BRANCHES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 
 
 @contextlib.contextmanager
-def cuda_code_path(recorder: OpRecorder, family: str | None) -> Iterator[None]:
-    """The CUDA code path of `family` here: on a CPU, Triton launches stubbed into `recorder`, the CPU-only index
-    checks unrecorded ([`CPU_ONLY_CHECKS`]) and device-type choices taken as on CUDA ([`CUDA_BRANCHES`]); on CUDA,
-    the run as it is."""
-    if torch.cuda.is_available():
+def cuda_code_path(recorder: OpRecorder, family: str | None, device: str = "cpu") -> Iterator[None]:
+    """The CUDA code path of `family` on `device`: on a CPU, Triton launches stubbed into `recorder`, the CPU-only
+    index checks unrecorded ([`CPU_ONLY_CHECKS`]) and device-type choices taken as on CUDA ([`CUDA_BRANCHES`]); on
+    CUDA, the run as it is."""
+    if torch.device(device).type != "cpu":
         yield
         return
     if not triton_interpreted():
@@ -292,7 +292,8 @@ def _record(
     model.train(mode == "fwd_bwd")
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
-    with cuda_code_path(recorder, family), recorder, recorder.scoped(scopes):
+    device = next(model.parameters()).device.type
+    with cuda_code_path(recorder, family, device), recorder, recorder.scoped(scopes):
         if mode == "fwd":
             with torch.no_grad():
                 model(**inputs)
@@ -338,6 +339,7 @@ def measure_layer_proxies(
     )
     del model
     if module_length is not None:
+        module_length = min(module_length, length)
         model = build_proxy_model(row, size, module_length, dtype, device)
         small_inputs = make_inputs(row, size, 1, module_length, device, seed)
         layers = {"layer": first_layer(model), **apart_layers(model)}
@@ -358,6 +360,7 @@ def module_ops(
     """Op counts of each of `modules` run on its own, on the inputs it received in one forward of `model`: an eval
     forward, and a training forward+backward of `mean(output ** 2)` with every parameter of the module trainable
     (a frozen network counted apart trains when a head gives it labels)."""
+    device = next(model.parameters()).device.type
     captured: dict[str, tuple[tuple, dict]] = {}
     handles = [
         module.register_forward_pre_hook(
@@ -367,7 +370,7 @@ def module_ops(
     ]
     model.eval()
     try:
-        with cuda_code_path(OpRecorder(), family), torch.no_grad():
+        with cuda_code_path(OpRecorder(), family, device), torch.no_grad():
             model(**inputs)
     finally:
         for handle in handles:
@@ -385,7 +388,7 @@ def module_ops(
                 module.train(mode == "fwd_bwd")
                 torch.manual_seed(seed)
                 hidden, *rest = args
-                with cuda_code_path(recorder, family), recorder:
+                with cuda_code_path(recorder, family, device), recorder:
                     if mode == "fwd":
                         with torch.no_grad():
                             module(hidden, *rest, **kwargs)

@@ -45,7 +45,8 @@ SPEED_STAGES = ("sanity", "proxies", "kernels", "profile", "bench-speed")
 #: Seconds each stage may take at most in the prepared run, which is also what the later stages keep in reserve while
 #: an earlier one runs: together the default budget of 450 s (`ATTNZOO_GPU_BUDGET_S`), so that the run, with the
 #: machine's start and the results' writing, fits in 8 minutes. The benchmark, last, takes whatever is left.
-STAGE_SECONDS = {"sanity": 60, "proxies": 30, "kernels": 60, "profile": 60, "bench-speed": 240}
+# The sanity stage compiles most Triton kernels for the first time (the later stages reuse them).
+STAGE_SECONDS = {"sanity": 90, "proxies": 30, "kernels": 60, "profile": 60, "bench-speed": 210}
 #: Lengths with a peak-memory measurement in the benchmark (four more steps per row): the goal's and the extremes.
 MEMORY_LENGTHS = [4096, 16384, 65536]
 #: The families' main rows and the floor, checked and profiled one by one.

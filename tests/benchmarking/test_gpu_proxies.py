@@ -106,6 +106,7 @@ STATUS = {
         },
     ),
 }  # fmt: skip
+BYTES_SLACK = 1.01
 #: Rows with a network counted apart (their `apart_layers` target).
 APART = {"smart_bird"}
 ROWS = [row for row in PROXY_ROWS if row != "dense_transformer"]
@@ -169,9 +170,11 @@ def test_no_more_glue_than_today(summary, row):
     assert result.extra_ops_fwd_bwd <= ceiling.extra_ops_fwd_bwd, result.extra_ops_fwd_bwd
     assert result.num_syncs <= ceiling.syncs, result.syncs
     assert len(result.host_copies) <= ceiling.host_copies, result.host_copies
-    assert result.saved_ratio <= ceiling.saved_ratio, result.saved_ratio
-    assert result.largest_ratio <= ceiling.largest_ratio, result.largest_op
-    assert result.written_ratio <= ceiling.written_ratio, result.written_ratio
+    # Byte ratios within 1%: the edges FSAT predicts and SBM samples depend on the weights' round-off, which may
+    # differ by a few elements from one CPU to another.
+    assert result.saved_ratio <= ceiling.saved_ratio * BYTES_SLACK, result.saved_ratio
+    assert result.largest_ratio <= ceiling.largest_ratio * BYTES_SLACK, result.largest_op
+    assert result.written_ratio <= ceiling.written_ratio * BYTES_SLACK, result.written_ratio
 
 
 def test_the_dense_layer_is_the_baseline(measured):
