@@ -13,7 +13,8 @@ Examples:
     # GPU, bf16
     python scripts/benchmark.py --device cuda --dtype bf16 --lengths 1024 4096 16384 --output-dir results/bench-gpu
     # a quick look while developing
-    python scripts/benchmark.py --families dense_transformer sbm --no-hf-baselines --lengths 256 --rounds 1 --level model
+    python scripts/benchmark.py --families dense_transformer sbm --no-hf-baselines --lengths 256 --rounds 1 \
+        --level model
     # the CPU proxies of GPU speed and memory per encoder layer (issue 49; the CUDA code path under Triton's
     # interpreter, which this sets up on a machine without CUDA), written to proxies.{json,md}
     python scripts/benchmark.py --proxies --output-dir results/proxies
