@@ -11,17 +11,45 @@ import torch
 
 import attnzoo.sbm  # noqa: F401  (registers the family)
 from attnzoo.sbm import SBMConfig, SBMForSequenceClassification
-from source_checkout import train_and_eval_sst2
+from source_checkout import SST2_SHORT_INPUTS, SST2_WIDTH, train_and_eval_sst2
+
+# The short-input check (the sbm-short-inputs study, scaled to the bundled SST-2 slice: 4,000 training and 800
+# held-out sentences; `SST2_SHORT_INPUTS`: width 128, 4 heads, 2 layers, 1,000 steps of batch 32 at AdamW 1e-3,
+# clipping at 1.0, seed 0). Measured on CPU, seeds 0-2 (the study's results/regression_check.jsonl): dense 74.4 / 71.3
+# / 72.8, SBM's default 74.1 / 73.3 / 73.3, paired differences -0.25 / +2.0 / +0.5 (standard deviation 1.1 points),
+# largest gradient norms 14-17 for both. The bound is three of those standard deviations. attnzoo 0.2's unsampled-pair
+# gradient (`ste_unsampled_gradient="derivative"`, the cause of issue 51's lost points) trails by 6.9 / 2.8 / 3.4
+# points with largest gradient norms of 14,089 / 59,041 / 10,891: the accuracy bound alone catches seed 0 only, the
+# gradient-norm ratio every seed.
+SST2_BOUND = 0.035
+#: SBM's largest pre-clip gradient norm over the run, at most this many times dense's (both ≈ 15 when it learns).
+SST2_GRAD_NORM_RATIO = 4.0
+
+
+@functools.cache
+def dense_sst2() -> dict[str, float]:
+    return train_and_eval_sst2("dense_transformer", SST2_WIDTH, **SST2_SHORT_INPUTS)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_sst2_accuracy_is_within_five_points_of_dense():
-    steps = 300
-    sbm = train_and_eval_sst2("sbm", {}, steps=steps, seed=0)
-    dense = train_and_eval_sst2("dense_transformer", {}, steps=steps, seed=0)
-    assert sbm["accuracy"] > 0.6, sbm
-    assert sbm["accuracy"] >= dense["accuracy"] - 0.05, (sbm, dense)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        pytest.param(
+            {"ste_unsampled_gradient": "derivative"},
+            marks=pytest.mark.xfail(strict=True, reason="attnzoo 0.2's estimator: the regression this test guards"),
+        ),
+    ],
+    ids=["default", "0.2-estimator-fails"],
+)
+def test_sst2_sbm_learns_short_inputs_as_well_as_dense(overrides):
+    torch.set_num_threads(1)
+    dense = dense_sst2()
+    sbm = train_and_eval_sst2("sbm", {**SST2_WIDTH, **overrides}, **SST2_SHORT_INPUTS)
+    assert sbm["accuracy"] >= dense["accuracy"] - SST2_BOUND, (sbm, dense)
+    assert sbm["max_grad_norm"] <= SST2_GRAD_NORM_RATIO * dense["max_grad_norm"], (sbm, dense)
 
 
 SYNTHETIC_SETUP = {"length": 64, "batch": 64, "log_every": 100}
