@@ -16,6 +16,7 @@ from .conversion_report import ConversionReport
 from .errors import ConversionError
 from .fresh import describe_init
 from .mapping import Mapping, map_weights, shape_of
+from .masked_lm_head import init_masked_lm_head
 from .source import SourceCheckpoint, load_source
 from .target_config import build_config
 
@@ -23,11 +24,9 @@ from .target_config import build_config
 INIT_SEED = 0
 
 
-def _target_class(family: str, source: SourceCheckpoint, seq2seq: bool) -> type:
+def _target_class(family: str, seq2seq: bool) -> type:
     entry = FAMILIES[family]
-    if seq2seq:
-        return entry.conditional_generation_class
-    return entry.masked_lm_class if source.has_masked_lm_head else entry.model_class
+    return entry.conditional_generation_class if seq2seq else entry.masked_lm_class
 
 
 def _check_destinations(mapping: Mapping, target_state: dict[str, torch.Tensor], target_class: type) -> None:
@@ -61,9 +60,11 @@ def convert_checkpoint(
     Convert a BERT / RoBERTa checkpoint into `family` at `max_position_embeddings` positions and save it, with the
     tokenizer (its `model_max_length` set to the new length) and the report, in `output_dir`.
 
-    The saved class is `<Prefix>ForMaskedLM` when the source has a masked-LM head, else `<Prefix>Model`
-    (`<Prefix>ForConditionalGeneration` with `seq2seq`); every head of the family loads it with `from_pretrained`.
-    A source pooler is saved as `classifier.dense` for the classification head.
+    The saved class is `<Prefix>ForMaskedLM` (`<Prefix>ForConditionalGeneration` with `seq2seq`); every head of the
+    family loads it with `from_pretrained`. A source without a masked-LM head (`BertModel`, `RobertaModel`) gets a
+    fresh one tied to the embeddings, its dense layer the identity ([`init_masked_lm_head`]), so that continued
+    pretraining starts from a head that reads the encoder. A source pooler is saved as `classifier.dense` for the
+    classification head.
 
     Args:
         model_name_or_path (`str`): BERT or RoBERTa folder, or Hub id (downloaded only if the network allows).
@@ -91,8 +92,8 @@ def convert_checkpoint(
     source = load_source(model_name_or_path, cache_dir)
     overrides = parse_config_overrides(config_overrides)
     config, from_source, own = build_config(source, family, max_position_embeddings, overrides, seq2seq)
-    target_class = _target_class(family, source, seq2seq)
-    base_prefix = "" if target_class is FAMILIES[family].model_class else "model."
+    target_class = _target_class(family, seq2seq)
+    base_prefix = "model."  # every saved class (a head) holds the encoder under `model.`
     attention_class = FAMILIES[family].attention_class
     mapping = map_weights(source, config, base_prefix, seq2seq, attention_class)
 
@@ -105,9 +106,16 @@ def convert_checkpoint(
     for module in model.get_submodule(f"{base_prefix}encoder").modules():
         if isinstance(module, attention_class):
             module.init_for_warm_start()
+    head_rules: dict[str, str] = {}
+    if not seq2seq and not source.has_masked_lm_head:
+        head_rules = {f"lm_head.{name}": rule for name, rule in init_masked_lm_head(model.lm_head).items()}
     tied = _tied_names(model)
     new = [
-        {"name": name, "shape": shape_of(tensor), "init": describe_init(model, name, config.initializer_range)}
+        {
+            "name": name,
+            "shape": shape_of(tensor),
+            "init": head_rules.get(name) or describe_init(model, name, config.initializer_range),
+        }
         for name, tensor in target_state.items()
         if name not in loadable and name not in tied
     ]

@@ -41,7 +41,7 @@ def test_dense_conversion_computes_the_source_logits(tmp_path, source_checkpoint
 def test_dense_conversion_of_a_bare_encoder_keeps_hidden_states_and_pooler(tmp_path, source_checkpoint, architecture):
     folder, source = source_checkpoint(architecture)
     report = convert_checkpoint(str(folder), "dense_transformer", NEW_LENGTH, tmp_path / "out")
-    assert report.target_class == "DenseTransformerModel"
+    assert report.target_class == "DenseTransformerForMaskedLM"  # with a fresh head (test_masked_lm_head.py)
     ids, mask = right_padded_batch(source.config.vocab_size, source.config.pad_token_id)
     encoder = AutoModel.from_pretrained(tmp_path / "out").eval()
     classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", num_labels=2).eval()
