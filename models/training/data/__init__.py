@@ -6,7 +6,7 @@ examples were dropped or truncated in a [`DataReport`], so no example is lost si
 
 One module a job: [`records`] reads local tables and JSON lines and keeps the [`DataReport`] (with
 [`tokenize_pairs`], shared by the scripts), [`classification`] GLUE and text classification, [`mlm`] MLM corpora
-and masking, [`summarization`] CNN/DailyMail and PubMed.
+and masking, [`summarization`] CNN/DailyMail and PubMed, [`ectsum`] ECTSum's earnings-call transcripts.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .classification import (
     load_classification_splits,
     normalize_task_name,
 )
+from .ectsum import EctsumRecord, read_ectsum
 from .mlm import MLMCollator, load_mlm_texts, mask_dataset
 from .records import JSON_SUFFIXES, TABLE_SUFFIXES, DataReport, read_records, tokenize_pairs
 from .summarization import (
@@ -35,6 +36,7 @@ __all__ = [
     "TABLE_SUFFIXES",
     "ClassificationSplits",
     "DataReport",
+    "EctsumRecord",
     "GlueTask",
     "MLMCollator",
     "load_classification_splits",
@@ -43,6 +45,7 @@ __all__ = [
     "mask_dataset",
     "normalize_task_name",
     "read_cohan_jsonl",
+    "read_ectsum",
     "read_records",
     "read_story",
     "split_sentences",
