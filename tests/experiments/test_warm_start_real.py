@@ -1,0 +1,333 @@
+"""`scripts/experiments/warm-start-real/`: the recipe from a headless BERT end to end (convert, continue, fine-tune,
+summarize) with its recipe files, the study's job plan, runner, baselines and tables, and its GPU command at toy size.
+
+The source is a tiny `BertModel` (no masked-LM head, like all-MiniLM-L6-v2) built here; the ECTSum-format calls are
+made up here from the bundled WikiText (the shared ECTSum copy stays out of the repository).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel, TrainingArguments
+
+from attnzoo.conversion import convert_checkpoint
+from attnzoo.training import ClassificationDataArguments, MLMDataArguments, ModelArguments, parse_arguments
+from source_checkout import FIXTURES, REPO_ROOT
+
+STUDY = "experiments/warm-start-real"
+SOURCE_POSITIONS = 64
+LONG = 128
+
+
+@pytest.fixture(scope="module")
+def study(load_script):
+    return load_script(f"{STUDY}/run")
+
+
+@pytest.fixture(scope="module")
+def headless_bert(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny `BertModel` (with pooler, without masked-LM head) and its tokenizer, saved by transformers."""
+    folder = tmp_path_factory.mktemp("headless-bert")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=SOURCE_POSITIONS,
+    )
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _sentences() -> list[str]:
+    lines = (FIXTURES / "text" / "wikitext_train.txt").read_text(encoding="utf-8").splitlines()
+    return [part.strip() + " ." for line in lines if len(line) > 80 for part in line.split(" . ") if part.strip()]
+
+
+@pytest.fixture(scope="module")
+def data_files(tmp_path_factory) -> dict[str, Path]:
+    """ECTSum-format calls (figures in the transcripts, the reference bullets repeating some), WikiText, reviews."""
+    folder = tmp_path_factory.mktemp("data")
+    sentences, generator = _sentences(), random.Random(0)
+    (folder / "ectsum").mkdir()
+    for split, calls in (("train", 8), ("validation", 3)):
+        with gzip.open(folder / "ectsum" / f"{split}.jsonl.gz", "wt", encoding="utf-8") as handle:
+            for number in range(calls):
+                figures = [f"${generator.randint(1, 99)}.{generator.randint(10, 99)}" for _ in range(3)]
+                text = generator.sample(sentences, 30) + [f"Revenue was {f} billion ." for f in figures]
+                summary = [f"q{number % 4 + 1} revenue {figures[0]} billion.", f"sees eps {figures[1]}."]
+                record = {"id": f"T{number}{split[0].upper()}_q{number % 4 + 1}_2021", "text": "\n".join(text)}
+                handle.write(json.dumps({**record, "summary": "\n".join(summary)}) + "\n")
+    return {
+        "ectsum": folder / "ectsum",
+        "wikitext": FIXTURES / "text" / "wikitext_train.txt",
+        "reviews": FIXTURES / "imdb" / "train.tsv",
+    }
+
+
+def _study(study_module, source: Path, data: dict[str, Path], tmp_path: Path, **changes):
+    import dataclasses
+
+    profile = dataclasses.replace(study_module.PROFILES["toy"], families=("sparse_transformer",), **changes)
+    return study_module.Study(str(source), profile, tmp_path / "work", tmp_path / "results", "cpu", **data)
+
+
+QUIET = [
+    "--use_cpu",
+    "--disable_tqdm",
+    "true",
+    "--log_level",
+    "warning",
+    "--report_to",
+    "none",
+    "--save_strategy",
+    "no",
+]
+
+
+def test_the_recipe_runs_end_to_end_from_a_headless_bert(tmp_path, load_script, study, headless_bert, data_files):
+    """Step 1 converts (a fresh tied head), step 2 continues with the MLM recipe and its held-back loss falls, step 3
+    fine-tunes with the IMDB and ECTSum recipes (BERT2BERT from the same source)."""
+    run = _study(study, headless_bert, data_files, tmp_path)
+    data = study.step_data(run)
+    assert data["ectsum"] == {"train": 8, "validation": 3}
+    assert data["imdb"]["validation"] == 4 and data["imdb"]["train"] == 313 - 4
+    work = tmp_path / "work"
+    report = convert_checkpoint(str(headless_bert), "sparse_transformer", LONG, work / "converted")
+    assert report.target_class == "SparseTransformerForMaskedLM"
+
+    mlm = load_script("run_mlm").main(
+        [
+            str(REPO_ROOT / study.MLM_RECIPE),
+            "--model_name_or_path", str(work / "converted"),
+            "--train_file", str(work / "data" / "mlm_train.jsonl"),
+            "--validation_file", str(work / "data" / "mlm_validation.jsonl"),
+            "--max_seq_length", str(LONG),
+            "--per_device_train_batch_size", "4",
+            "--gradient_accumulation_steps", "1",
+            "--max_steps", "30",
+            "--learning_rate", "2e-3",
+            "--warmup_steps", "3",
+            "--max_eval_samples", "4",
+            "--eval_steps", "30",
+            "--output_dir", str(work / "mlm"),
+            *QUIET,
+        ]
+    )  # fmt: skip
+    history = json.loads((work / "mlm" / "log_history.json").read_text())
+    losses = [row["eval_loss"] for row in history if "eval_loss" in row]
+    assert mlm["global_step"] == 30 and len(losses) >= 2
+    assert losses[-1] < losses[0] - 0.5  # the converted model with its fresh head learns the held-back text
+
+    imdb = load_script("run_glue").main(
+        [
+            str(REPO_ROOT / study.IMDB_RECIPE),
+            "--model_name_or_path", str(work / "mlm"),
+            "--train_file", str(work / "data" / "imdb_train.jsonl"),
+            "--validation_file", str(work / "data" / "imdb_validation.jsonl"),
+            "--max_seq_length", str(LONG),
+            "--per_device_train_batch_size", "2",
+            "--per_device_eval_batch_size", "2",
+            "--max_steps", "2",
+            "--output_dir", str(work / "imdb"),
+            *QUIET,
+        ]
+    )  # fmt: skip
+    assert imdb["model"]["missing_keys"] == ["classifier.out_proj.bias", "classifier.out_proj.weight"]
+    assert 0.0 <= imdb["metrics"]["eval_accuracy"] <= 1.0 and imdb["data"]["validation_truncated"] >= 0
+
+    summary = load_script("run_summarization").main(
+        [
+            str(REPO_ROOT / study.ECTSUM_RECIPE),
+            "--model_name_or_path", str(headless_bert),
+            "--family", "sparse_transformer",
+            "--max_position_embeddings", str(LONG),
+            "--max_source_length", str(LONG),
+            "--max_target_length", "16",
+            "--generation_max_new_tokens", "8",
+            "--train_file", str(work / "data" / "ectsum_train.jsonl"),
+            "--validation_file", str(work / "data" / "ectsum_validation.jsonl"),
+            "--per_device_train_batch_size", "2",
+            "--gradient_accumulation_steps", "1",
+            "--per_device_eval_batch_size", "3",
+            "--max_steps", "1",
+            "--output_dir", str(work / "ectsum"),
+            *QUIET,
+        ]
+    )  # fmt: skip
+    assert summary["data"]["train_source_truncated"] == 8  # every made-up transcript is longer than 128 tokens
+    predictions = (work / "ectsum" / "generated_predictions.txt").read_text().splitlines()
+    assert len(predictions) == 3
+    converted = json.loads((work / "ectsum" / "converted" / "conversion_report.json").read_text())
+    assert converted["seq2seq"] and any(".cross_attn." in row["name"] for row in converted["new"])
+
+
+@pytest.mark.parametrize("recipe", ["MLM_RECIPE", "IMDB_RECIPE", "ECTSUM_RECIPE"])
+def test_recipes_parse_and_read_the_long_length(study, recipe):
+    from transformers import Seq2SeqTrainingArguments
+
+    from attnzoo.training import SummarizationDataArguments
+
+    data_class, training_class = {
+        "MLM_RECIPE": (MLMDataArguments, TrainingArguments),
+        "IMDB_RECIPE": (ClassificationDataArguments, TrainingArguments),
+        "ECTSUM_RECIPE": (SummarizationDataArguments, Seq2SeqTrainingArguments),
+    }[recipe]
+    model_args, data_args, training_args = parse_arguments(
+        (ModelArguments, data_class, training_class), [str(REPO_ROOT / getattr(study, recipe))]
+    )
+    length = {"MLM_RECIPE": "max_seq_length", "IMDB_RECIPE": "max_seq_length", "ECTSUM_RECIPE": "max_source_length"}
+    assert getattr(data_args, length[recipe]) == (2048 if recipe == "IMDB_RECIPE" else 4096)
+    if recipe == "MLM_RECIPE":  # Longformer's schedule: warm-up, then a power-3 polynomial decay
+        assert training_args.eval_on_start and training_args.lr_scheduler_kwargs == {"power": 3.0}
+        assert training_args.learning_rate == 3e-5 and training_args.warmup_steps == 500
+    if recipe == "ECTSUM_RECIPE":
+        assert model_args.family is not None and model_args.max_position_embeddings == 4096
+        assert training_args.predict_with_generate
+
+
+def test_the_gpu_plan_holds_every_row_cheapest_families_first(study, monkeypatch):
+    run = study.Study(
+        "minilm", study.PROFILES["gpu"], Path("work"), Path("results"), "cuda", Path("e"), Path("w"), Path("r")
+    )
+    monkeypatch.setattr(study.Study, "short", 512)
+    jobs = study.ordered([job for step in study.JOBS for job in study.JOBS[step](run)])
+    names = [job.name for job in jobs]
+    assert len(names) == len(set(names)) == 7 + 7 + 20 * 3 + 7  # conversions, MLM, IMDB rows x seeds, ECTSum
+    assert all(name.startswith("convert-") for name in names[:7])
+    assert names.index("imdb-dense_transformer-warm-seed0") < names.index("imdb-smart_bird-warm-seed0")
+    assert names.index("imdb-smart_bird-scratch-seed0") < names.index("imdb-dense_transformer-warm-seed1")
+    by_name = {job.name: job for job in jobs}
+    assert by_name["imdb-fsat-warm-mlm-seed2"].needs == ("mlm-fsat-4096",)
+    assert by_name["mlm-fsat-4096"].needs == ("convert-fsat-4096",)
+    assert "--bf16" in by_name["ectsum-dense_transformer-512"].command
+    source_row = by_name["imdb-source-seed1"].command
+    assert source_row[source_row.index("--model_name_or_path") + 1] == "minilm"
+    assert source_row[source_row.index("--max_seq_length") + 1] == "512"
+    # The dense row at the source's length continues on as many tokens per step as the long rows.
+    dense_mlm = by_name["mlm-dense_transformer-512"].command
+    assert dense_mlm[dense_mlm.index("--per_device_train_batch_size") + 1] == "16"
+
+
+def test_runner_keeps_priority_and_needs_and_stops_at_the_deadline(load_script, tmp_path):
+    schedule = load_script(f"{STUDY}/schedule")
+
+    def job(name: str, code: str, needs: tuple[str, ...] = ()):
+        return schedule.Job(name, ["-c", f"import time, sys; {code}"], needs=needs)
+
+    jobs = [
+        job("fails", "sys.exit(3)"),
+        job("after-failure", "pass", needs=("fails",)),
+        job("long", "time.sleep(60)"),
+        job("after-long", "pass", needs=("long",)),
+        job("quick", "print('hi')"),
+    ]
+    begin = time.time()
+    records = schedule.run_jobs(jobs, tmp_path, tmp_path / "logs", sys.executable, dict(os.environ), 2, begin + 8)
+    assert time.time() - begin < 40
+    statuses = {name: record["status"] for name, record in records.items()}
+    assert statuses == {
+        "fails": "failed",
+        "after-failure": "skipped",
+        "long": "unfinished",
+        "after-long": "not started",
+        "quick": "done",
+    }
+    assert (tmp_path / "logs" / "quick.log").read_text().strip() == "hi"
+    with pytest.raises(ValueError, match="needs unknown job"):
+        schedule.run_jobs([job("a", "pass", needs=("b",))], tmp_path, tmp_path / "logs", sys.executable, {}, 1)
+
+
+def test_lead_and_oracle(load_script):
+    baselines = load_script(f"{STUDY}/baselines")
+    sentences = ["Welcome to the call.", "Revenue rose 5% to $2 billion.", "Thanks all.", "EPS was $1.01."]
+    reference = "revenue rose 5% to $2 billion\neps $1.01"
+    assert baselines.greedy_oracle(sentences, reference) == [1, 3]
+    assert baselines.oracle_summary(sentences, reference) == "Revenue rose 5% to $2 billion.\nEPS was $1.01."
+    assert baselines.lead(sentences, 2) == "Welcome to the call.\nRevenue rose 5% to $2 billion."
+    documents = [["Hello there.", "Sales grew 3%.", "Bye."], ["Hi.", "Costs fell 2%.", "Later."]]
+    k, scores = baselines.choose_lead_length(documents, ["sales grew 3%", "costs fell 2%"], candidates=(1, 2, 3))
+    assert k == 2 and scores[2] > scores[1]  # the second sentence carries the bigrams; a third only dilutes them
+    with pytest.raises(ValueError, match="at least one sentence"):
+        baselines.lead(sentences, 0)
+
+
+def test_tables_show_unfinished_rows_by_status(load_script, tmp_path):
+    tables = load_script(f"{STUDY}/tables")
+    ran = {"commit": "abcdef0", "device": "NVIDIA H100", "profile": "gpu"}
+    record = {"command": "python x", "status": "unfinished", "seconds": 400.0}
+    (tmp_path / "mlm.json").write_text(json.dumps({"ran_on": ran, "smart_bird-4096": record}))
+    scores = {"rouge1": 40.0, "rouge2": 20.0, "rougeL": 30.0, "numbers_reproduced": 55.5, "distinct_2grams": 12.0}
+    summarize = {
+        "ran_on": ran,
+        "validation_calls": 249,
+        "rows": {"sbm-4096": {"command": "python y", "status": "not started"}},
+        "lead": {"sentences": 3, "scores": scores},
+        "oracle": {"scores": scores},
+    }
+    (tmp_path / "summarize.json").write_text(json.dumps(summarize))
+    text = tables.write_tables(tmp_path)
+    assert "| smart_bird-4096 | – | unfinished |" in text
+    assert "| sbm-4096 | not started |" in text
+    assert "| lead (3 sentences, chosen on the training calls) | 40.0 / 20.0 / 30.0 | 55.5 | 12.0 |" in text
+    assert (tmp_path / "README.md").read_text() == text
+
+
+@pytest.mark.slow
+def test_gpu_command_runs_the_study_at_toy_size_on_the_cpu(tmp_path, load_script, headless_bert, data_files):
+    """The GPU command itself (pack, receive, run) with the toy budget on the CPU, one sparse family."""
+    pack = load_script(f"{STUDY}/device_pack")
+    parts = pack.main(
+        [
+            "--source", str(headless_bert),
+            "--ectsum", str(data_files["ectsum"]),
+            "--wikitext", str(data_files["wikitext"]),
+            "--output", str(tmp_path / "pack"),
+            "--no-wheels",
+            "--part-bytes", str(2**20),
+        ]
+    )  # fmt: skip
+    assert len(parts) >= 2  # the 1 MiB parts force the several-call path
+    env = {
+        **os.environ,
+        "STAGING": str(tmp_path / "staging"),
+        "PROFILE": "toy",
+        "DEVICE": "cpu",
+        "FAMILIES": "sparse_transformer",
+        "REVIEWS": str(data_files["reviews"]),
+        "PYTHON": sys.executable,
+    }
+    script = str(REPO_ROOT / "scripts" / "experiments" / "warm-start-real" / "gpu.sh")
+    early = subprocess.run(
+        ["bash", script, "run", str(parts[-1]), str(tmp_path / "out")], env=env, capture_output=True
+    )
+    assert early.returncode == 2 and b"chunks received" in early.stderr  # the other parts must come first
+    for part in parts[:-1]:
+        subprocess.run(["bash", script, "receive", str(part)], env=env, check=True)
+    done = subprocess.run(["bash", script, "run", str(parts[-1]), str(tmp_path / "out")], env=env, text=True)
+    assert done.returncode == 0
+    results = tmp_path / "out" / "results"
+    summary = json.loads((results / "all.json").read_text())
+    assert {record["status"] for record in summary["jobs"].values()} == {"done"}
+    classify = json.loads((results / "classify.json").read_text())
+    assert set(classify["rows"]["sparse_transformer warm+mlm"]["accuracy"]) == {"0", "1"}
+    summarize = json.loads((results / "summarize.json").read_text())
+    assert "numbers_reproduced" in summarize["rows"]["sparse_transformer-128"]["scores"]
+    assert summarize["oracle"]["scores"]["rouge2"] >= summarize["lead"]["scores"]["rouge2"]
+    table = (results / "README.md").read_text()
+    assert "| sparse_transformer-128 |" in table and "| source |" in table
+    assert (tmp_path / "out" / "logs.tar.gz").is_file()
