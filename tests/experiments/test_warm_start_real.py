@@ -221,6 +221,22 @@ def test_the_gpu_plan_holds_every_row_cheapest_families_first(study, monkeypatch
     # The dense row at the source's length continues on as many tokens per step as the long rows.
     dense_mlm = by_name["mlm-dense_transformer-512"].command
     assert dense_mlm[dense_mlm.index("--per_device_train_batch_size") + 1] == "16"
+    # Every command is one its program accepts (the recipe first, then the flags).
+    from transformers import Seq2SeqTrainingArguments
+
+    from attnzoo.training import SummarizationDataArguments
+
+    programs = {
+        "scripts/run_mlm.py": (ModelArguments, MLMDataArguments, TrainingArguments),
+        "scripts/run_glue.py": (ModelArguments, ClassificationDataArguments, TrainingArguments),
+        "scripts/run_summarization.py": (ModelArguments, SummarizationDataArguments, Seq2SeqTrainingArguments),
+    }
+    for name in ("mlm-sbm-4096", "imdb-a2former-scratch-seed0", "imdb-source-seed2", "ectsum-fsat-4096"):
+        program, recipe, *flags = by_name[name].command
+        assert "--bf16" in flags
+        on_this_cpu = ["--use_cpu" if flag == "--bf16" else flag for flag in flags]  # bf16 needs the GPU to parse
+        parsed = parse_arguments(programs[program], [str(REPO_ROOT / recipe), *on_this_cpu])
+        assert parsed[-1].include_num_input_tokens_seen in ("all", True)
 
 
 def test_runner_keeps_priority_and_needs_and_stops_at_the_deadline(load_script, tmp_path):

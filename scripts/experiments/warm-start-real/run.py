@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -105,7 +106,7 @@ class Study:
 
     def device_flags(self, seed: int = 0) -> list[str]:
         flags = ["--report_to", "none", "--disable_tqdm", "true", "--seed", str(seed)]
-        flags += ["--include_num_input_tokens_seen", "non_padding", "--save_strategy", "no"]
+        flags += ["--include_num_input_tokens_seen", "true", "--save_strategy", "no"]
         return flags + (["--use_cpu"] if self.device == "cpu" else ["--bf16"])
 
     def environment(self) -> dict[str, str]:
@@ -654,6 +655,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wikitext", type=Path, default=SHARED / "wikitext" / "wikitext-2-tokenized" / "valid.txt")
     parser.add_argument("--reviews", type=Path, default=SHARED / "imdb" / "train_subset_2500.tsv")
     args = parser.parse_args(argv)
+    # A stopped driver (`timeout`, `kill`) raises here, so the runner stops the programs it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     profile = PROFILES[args.profile]
     if args.families:
         profile = profile.with_families(tuple(args.families))

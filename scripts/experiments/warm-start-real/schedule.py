@@ -91,35 +91,39 @@ def run_jobs(
         if job.already_done(root):
             job.status = "reused"
     finished = {"done", "reused"}
-    while True:
-        now = time.time()
-        running = [job for job in jobs if job.status == "running"]
-        for job in running:
-            code = job.process.poll()
-            if code is not None:
-                job.status = "done" if code == 0 else "failed"
-                job.seconds = round(now - job.started, 1)
-        if deadline is not None and now >= deadline:
-            _stop(jobs, now)
-            break
-        for job in jobs:
-            if job.status == "waiting" and any(_status(jobs, need) in ("failed", "skipped") for need in job.needs):
-                job.status = "skipped"
-        running = [job for job in jobs if job.status == "running"]
-        for job in jobs:
-            if len(running) >= parallel:
+    try:
+        while True:
+            now = time.time()
+            running = [job for job in jobs if job.status == "running"]
+            for job in running:
+                code = job.process.poll()
+                if code is not None:
+                    job.status = "done" if code == 0 else "failed"
+                    job.seconds = round(now - job.started, 1)
+            if deadline is not None and now >= deadline:
+                _stop(jobs, now)
                 break
-            if job.status == "waiting" and all(_status(jobs, need) in finished for need in job.needs):
-                _start(job, root, logs, python, env)
-                running.append(job)
-        if not any(job.status in ("waiting", "running") for job in jobs):
-            break
-        if not running:  # only jobs whose needs can never finish are left
             for job in jobs:
-                if job.status == "waiting":
+                if job.status == "waiting" and any(_status(jobs, need) in ("failed", "skipped") for need in job.needs):
                     job.status = "skipped"
-            break
-        time.sleep(POLL_SECONDS)
+            running = [job for job in jobs if job.status == "running"]
+            for job in jobs:
+                if len(running) >= parallel:
+                    break
+                if job.status == "waiting" and all(_status(jobs, need) in finished for need in job.needs):
+                    _start(job, root, logs, python, env)
+                    running.append(job)
+            if not any(job.status in ("waiting", "running") for job in jobs):
+                break
+            if not running:  # only jobs whose needs can never finish are left
+                for job in jobs:
+                    if job.status == "waiting":
+                        job.status = "skipped"
+                break
+            time.sleep(POLL_SECONDS)
+    except BaseException:  # an interrupted runner (Ctrl-C, SIGTERM) takes its programs with it
+        _stop(jobs, time.time())
+        raise
     return {
         job.name: {"command": shell_command(job.command), "status": job.status, "seconds": job.seconds} for job in jobs
     }
