@@ -105,7 +105,7 @@ PROFILES = {
         summarize_eval=None,
         eval_batch=32,
         parallel=12,
-        deadline=480,
+        deadline=450,
         threads=1,
     ),
     # Two cores shared with other jobs (about half a core each for two programs): one sparse family at 1,024 tokens

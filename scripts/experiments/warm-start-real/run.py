@@ -82,8 +82,6 @@ class Study:
         self.data = work / "data"
         self._short: int | None = None
 
-    # -- where things are ------------------------------------------------------------------------------------------
-
     @property
     def short(self) -> int:
         """The source's own length (512 for BERT and MiniLM): the dense baseline reads this much."""
@@ -98,13 +96,14 @@ class Study:
     def converted(self, family: str, length: int) -> Path:
         return self.work / "converted" / f"{family}-{length}"
 
-    def long_rows(self) -> list[tuple[str, int]]:
+    def converted_rows(self) -> list[tuple[str, int]]:
         """(family, length) of every converted model: each family long, and dense at the source's length."""
         return [(family, self.profile.length) for family in self.profile.families] + [
             ("dense_transformer", self.short)
         ]
 
-    def device_flags(self, seed: int = 0) -> list[str]:
+    def common_flags(self, seed: int = 0) -> list[str]:
+        """The flags every program gets: quiet, the seed, input tokens counted, no checkpoints, the device."""
         flags = ["--report_to", "none", "--disable_tqdm", "true", "--seed", str(seed)]
         flags += ["--include_num_input_tokens_seen", "true", "--save_strategy", "no"]
         return flags + (["--use_cpu"] if self.device == "cpu" else ["--bf16"])
@@ -213,7 +212,7 @@ def _converter(study: Study, family: str, length: int) -> Job:
 
 
 def convert_jobs(study: Study) -> list[Job]:
-    return [_converter(study, family, length) for family, length in study.long_rows()]
+    return [_converter(study, family, length) for family, length in study.converted_rows()]
 
 
 def collect_convert(study: Study, records: dict[str, Any]) -> dict[str, Any]:
@@ -223,7 +222,7 @@ def collect_convert(study: Study, records: dict[str, Any]) -> dict[str, Any]:
     from attnzoo.conversion import read_report
 
     result: dict[str, Any] = {}
-    for family, length in study.long_rows():
+    for family, length in study.converted_rows():
         record = dict(records.get(f"convert-{family}-{length}", {}))
         report = read_report(study.absolute(study.converted(family, length)))
         if report is not None:
@@ -285,7 +284,7 @@ def mlm_jobs(study: Study) -> list[Job]:
     takes `length / short` times more blocks per batch."""
     p = study.profile
     jobs = []
-    for family, length in study.long_rows():
+    for family, length in study.converted_rows():
         scale = max(1, p.length // length)
         command = [
             "scripts/run_mlm.py", str(MLM_RECIPE),
@@ -303,7 +302,7 @@ def mlm_jobs(study: Study) -> list[Job]:
             "--eval_steps", str(p.mlm_eval_every),
             "--logging_steps", str(p.mlm_eval_every),
             "--output_dir", str(mlm_output(study, family, length)),
-            *study.device_flags(),
+            *study.common_flags(),
         ]  # fmt: skip
         jobs.append(
             Job(f"mlm-{family}-{length}", command, mlm_output(study, family, length), (f"convert-{family}-{length}",))
@@ -337,7 +336,7 @@ def cost(metrics: dict[str, Any], history: list[dict[str, Any]], device: str) ->
 
 def collect_mlm(study: Study, records: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for family, length in study.long_rows():
+    for family, length in study.converted_rows():
         output = mlm_output(study, family, length)
         record = dict(records.get(f"mlm-{family}-{length}", {}))
         metrics = _metrics(study, output)
@@ -347,7 +346,9 @@ def collect_mlm(study: Study, records: dict[str, Any]) -> dict[str, Any]:
             record.update(
                 eval_loss=sorted([step, loss] for step, loss in curve.items()),
                 eval_accuracy=metrics["metrics"].get("eval_accuracy"),
-                eval_blocks=metrics["data"].get("validation_blocks"),
+                # The blocks scored: the held-back text's first `max_eval_samples` blocks.
+                eval_blocks=metrics["data"].get("validation_blocks", 0)
+                - metrics["data"].get("validation_blocks_dropped_by_max_samples", 0),
                 eval_tokens=metrics["data"].get("validation_tokens"),
                 cost=cost(metrics, history, study.device),
             )
@@ -372,7 +373,8 @@ def classify_rows(study: Study) -> list[dict[str, Any]]:
             {"row": f"{family} warm+mlm", "family": family, "start": "warm+mlm", "length": p.classify_length,
              "model": ["--model_name_or_path", str(continued)], "needs": (f"mlm-{family}-{p.length}",)},
             {"row": f"{family} scratch", "family": family, "start": "scratch", "length": p.classify_length,
-             "model": ["--config_path", str(converted), "--tokenizer_name_or_path", str(converted)],
+             "model": ["--model_name_or_path", "", "--config_path", str(converted),
+                       "--tokenizer_name_or_path", str(converted)],
              "needs": (f"convert-{family}-{p.length}",)},
         ]  # fmt: skip
     short = study.converted("dense_transformer", study.short)
@@ -410,7 +412,7 @@ def classify_jobs(study: Study) -> list[Job]:
                 "--max_steps", str(p.classify_steps),
                 "--learning_rate", str(p.classify_learning_rate),
                 "--output_dir", str(output),
-                *study.device_flags(seed),
+                *study.common_flags(seed),
             ]  # fmt: skip
             jobs.append(Job(f"imdb-{_slug(row['row'])}-seed{seed}", command, output, row["needs"]))
     return jobs
@@ -446,7 +448,7 @@ def collect_classify(study: Study, records: dict[str, Any]) -> dict[str, Any]:
             "baseline": baseline,
             "seeds": seeds,
             "mean": difference.mean,
-            "standard_error": difference.standard_error,
+            "standard_error": None if len(seeds) < 2 else difference.standard_error,  # JSON has no NaN
             "ahead": difference.ahead,
         }
 
@@ -472,7 +474,7 @@ def summarize_jobs(study: Study) -> list[Job]:
     the source with `--seq2seq` (the decoder is the source's layers with fresh cross-attention)."""
     p = study.profile
     jobs = []
-    for family, length in study.long_rows():
+    for family, length in study.converted_rows():
         output = summarize_output(study, family, length)
         limit = ["--max_eval_samples", str(p.summarize_eval)] if p.summarize_eval else []
         command = [
@@ -492,7 +494,7 @@ def summarize_jobs(study: Study) -> list[Job]:
             "--learning_rate", str(p.summarize_learning_rate),
             *limit,
             "--output_dir", str(output),
-            *study.device_flags(),
+            *study.common_flags(),
         ]  # fmt: skip
         jobs.append(Job(f"ectsum-{family}-{length}", command, output))
     return jobs
@@ -520,7 +522,7 @@ def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) 
     calls = _validation_calls(study)
     references = [call["summary"] for call in calls]
     result: dict[str, Any] = {"validation_calls": len(calls), "rows": {}}
-    for family, length in study.long_rows():
+    for family, length in study.converted_rows():
         output = summarize_output(study, family, length)
         record = dict(records.get(f"ectsum-{family}-{length}", {}))
         metrics = _metrics(study, output)

@@ -86,8 +86,9 @@ def _mean_sd(accuracies: dict[str, float]) -> str:
     return f"{statistics.fmean(values):.1f}" + (f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else "")
 
 
-def classify_table(classify: dict[str, Any], seeds: list[str]) -> list[str]:
-    lines = ["## Step 3a: IMDB (2,000 training / 500 held-back reviews)", "", f"Ran on {_ran_on(classify)}.", ""]
+def classify_table(classify: dict[str, Any], seeds: list[str], imdb: dict[str, Any]) -> list[str]:
+    split = f" ({imdb['train']:,} training / {imdb['validation']:,} held-back reviews)" if imdb else ""
+    lines = [f"## Step 3a: IMDB{split}", "", f"Ran on {_ran_on(classify)}.", ""]
     lines += [
         f"| row | length | {' | '.join(f'seed {s}' for s in seeds)} | mean ± SD | s / step (seed {seeds[0]}) "
         "| tokens / s |",
@@ -136,7 +137,7 @@ def summarize_table(summarize: dict[str, Any]) -> list[str]:
             lines.append(f"| {name} | {_status(record)} | – | – | – | – | – |")
     lead, oracle = summarize.get("lead"), summarize.get("oracle")
     if lead:
-        name = f"lead ({lead['sentences']} sentences, chosen on the training calls)"
+        name = f"lead-{lead['sentences']} (first sentences; how many chosen on the training calls)"
         lines.append(f"| {name} | {_scores(lead['scores'])} | – | – | – |")
     if oracle:
         lines.append(f"| extractive oracle (upper bound) | {_scores(oracle['scores'])} | – | – | – |")
@@ -183,7 +184,7 @@ def write_tables(folder: Path) -> str:
         parts += ["", *mlm_table(mlm)]
     if classify:
         seeds = sorted({s for row in classify.get("rows", {}).values() for s in row["runs"]}, key=int)
-        parts += ["", *classify_table(classify, seeds)]
+        parts += ["", *classify_table(classify, seeds, _load(folder, "data").get("imdb", {}))]
     if summarize:
         parts += ["", *summarize_table(summarize)]
     text = "\n".join(parts) + "\n"
