@@ -288,6 +288,27 @@ def test_lead_and_oracle(load_script):
         baselines.lead(sentences, 0)
 
 
+def test_baselines_step_scores_every_validation_call_without_a_model(study, tmp_path, data_files, capsys):
+    """`run.py baselines`: the lead and the oracle on all validation calls (the toy profile scores 2 of the 3 in step
+    3b), in the record and the tables; the oracle, picking the transcript's figure sentences, reproduces more figures
+    than the lead."""
+    study.step_data(_study(study, Path("unused"), data_files, tmp_path))
+    work, results = tmp_path / "work", tmp_path / "results"
+    study.main(["baselines", "--profile", "toy", "--work", str(work), "--results", str(results)])
+    record = json.loads((results / "baselines.json").read_text())
+    assert record["validation_calls"] == 3 and record["ran_on"]["profile"] == "toy"
+    lead, oracle = record["lead"], record["oracle"]["scores"]
+    tried = lead["train_rouge2_by_sentences"]  # chosen on the training calls: the best of the lengths tried
+    assert tried[str(lead["sentences"])] == max(tried.values())
+    assert oracle["rouge2"] > lead["scores"]["rouge2"]
+    assert oracle["numbers_reproduced"] > lead["scores"]["numbers_reproduced"]
+    study.main(["table", "--profile", "toy", "--results", str(results)])
+    table = (results / "README.md").read_text()
+    assert "## Step 3b's reference points (no model)" in table and "3 calls scored" in table
+    assert f"| lead-{lead['sentences']} (first sentences" in table and "| extractive oracle (upper bound) |" in table
+    capsys.readouterr()
+
+
 def test_tables_show_unfinished_rows_by_status(load_script, tmp_path):
     tables = load_script(f"{STUDY}/tables")
     ran = {"commit": "abcdef0", "device": "NVIDIA H100", "profile": "gpu"}

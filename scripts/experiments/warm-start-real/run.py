@@ -10,6 +10,7 @@ One command per step (`run` stands for `python scripts/experiments/warm-start-re
     run mlm        # step 2: continued masked-LM pretraining (configs/train/warm_start_real_mlm.yaml)
     run classify   # step 3a: IMDB, warm (with and without step 2), scratch, the source at its length, seeds
     run summarize  # step 3b: ECTSum BERT2BERT per family, dense at the source's length, lead, extractive oracle
+    run baselines  # step 3b's lead and oracle alone on every validation call (no model: any CPU)
     run table      # <results>/README.md from the step records
     run all        # every step, the programs side by side (the GPU command: gpu.sh)
 
@@ -542,13 +543,28 @@ def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) 
                 cost=cost(metrics, _history(study, output), study.device),
             )
         result["rows"][f"{family}-{length}"] = record
+    return {**result, **extractive_baselines(study, calls)}
+
+
+def extractive_baselines(study: Study, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lead (its length chosen on the training calls) and the greedy extractive oracle on `calls`, scored like the
+    models' summaries. No model is involved, so any CPU computes them for the whole validation set."""
+    references = [call["summary"] for call in calls]
     train = [json.loads(line) for line in (study.absolute(study.data) / "ectsum_train.jsonl").open(encoding="utf-8")]
     k, tried = choose_lead_length([call["text"].split("\n") for call in train], [call["summary"] for call in train])
     leads = [lead(call["text"].split("\n"), k) for call in calls]
     oracles = [oracle_summary(call["text"].split("\n"), call["summary"]) for call in calls]
-    result["lead"] = {"sentences": k, "train_rouge2_by_sentences": tried, "scores": summary_scores(leads, references)}
-    result["oracle"] = {"scores": summary_scores(oracles, references)}
-    return result
+    return {
+        "lead": {"sentences": k, "train_rouge2_by_sentences": tried, "scores": summary_scores(leads, references)},
+        "oracle": {"scores": summary_scores(oracles, references)},
+    }
+
+
+def step_baselines(study: Study) -> dict[str, Any]:
+    """Step 3b's reference points alone, on every validation call whatever the profile scores (`run.py baselines`)."""
+    lines = (study.absolute(study.data) / "ectsum_validation.jsonl").read_text(encoding="utf-8").splitlines()
+    calls = [json.loads(line) for line in lines]
+    return {"validation_calls": len(calls), **extractive_baselines(study, calls)}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -612,6 +628,8 @@ def run_step(study: Study, step: str) -> dict[str, Any]:
     started = _ran_on(study)
     if step == "data":
         record = {"ran_on": started, **step_data(study)}
+    elif step == "baselines":
+        record = {"ran_on": started, **step_baselines(study)}
     else:
         jobs = JOBS[step](study)
         begin = time.time()
@@ -644,7 +662,7 @@ def run_all(study: Study) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=[*STEPS, "table", "all"])
+    parser.add_argument("step", choices=[*STEPS, "baselines", "table", "all"])
     parser.add_argument("--source", default=DEFAULT_SOURCE, help="BERT / RoBERTa folder or Hub id (default: MiniLM)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="budget (budgets.py)")
     parser.add_argument("--families", nargs="+", choices=ALL_FAMILIES, help="families (default: the profile's)")

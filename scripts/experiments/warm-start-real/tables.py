@@ -135,12 +135,7 @@ def summarize_table(summarize: dict[str, Any]) -> list[str]:
             lines.append(f"| {name} | {_scores(record['scores'])} | {different} | {_cost(record)} |")
         else:
             lines.append(f"| {name} | {_status(record)} | – | – | – | – | – |")
-    lead, oracle = summarize.get("lead"), summarize.get("oracle")
-    if lead:
-        name = f"lead-{lead['sentences']} (first sentences; how many chosen on the training calls)"
-        lines.append(f"| {name} | {_scores(lead['scores'])} | – | – | – |")
-    if oracle:
-        lines.append(f"| extractive oracle (upper bound) | {_scores(oracle['scores'])} | – | – | – |")
+    lines += _baseline_rows(summarize, " – | – | – |")
     examples = {name: record.get("examples", []) for name, record in summarize.get("rows", {}).items()}
     shown = next((items for items in examples.values() if items), [])
     for index, example in enumerate(shown):
@@ -156,6 +151,25 @@ def summarize_table(summarize: dict[str, Any]) -> list[str]:
             if index < len(items):
                 lines += ["", f"{name}: {items[index]['summary']}"]
     return lines
+
+
+def _baseline_rows(record: dict[str, Any], tail: str = "") -> list[str]:
+    """The lead and oracle rows of a record that holds them; `tail` fills the columns they have no value for."""
+    rows = []
+    lead, oracle = record.get("lead"), record.get("oracle")
+    if lead:
+        name = f"lead-{lead['sentences']} (first sentences; how many chosen on the training calls)"
+        rows.append(f"| {name} | {_scores(lead['scores'])} |{tail}")
+    if oracle:
+        rows.append(f"| extractive oracle (upper bound) | {_scores(oracle['scores'])} |{tail}")
+    return rows
+
+
+def baselines_table(baselines: dict[str, Any]) -> list[str]:
+    calls = baselines.get("validation_calls")
+    lines = ["## Step 3b's reference points (no model)", "", f"Ran on {_ran_on(baselines)}; {calls} calls scored.", ""]
+    lines += ["| row | ROUGE-1 / 2 / L | figures reproduced (%) | distinct bigrams (%) |", "|---|---|---|---|"]
+    return lines + _baseline_rows(baselines)
 
 
 def jobs_table(summary: dict[str, Any]) -> list[str]:
@@ -187,6 +201,9 @@ def write_tables(folder: Path) -> str:
         parts += ["", *classify_table(classify, seeds, _load(folder, "data").get("imdb", {}))]
     if summarize:
         parts += ["", *summarize_table(summarize)]
+    baselines = _load(folder, "baselines")
+    if baselines:
+        parts += ["", *baselines_table(baselines)]
     text = "\n".join(parts) + "\n"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / TABLES_FILE).write_text(text, encoding="utf-8")
