@@ -155,6 +155,13 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
 
 
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows `_write_jsonl` wrote. Records end at newlines only: `str.splitlines` would also cut at the
+    U+2028, U+0085 or form feed a review may hold (JSON escapes newlines in strings, not those)."""
+    with path.open(encoding="utf-8", newline="\n") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
 def step_data(study: Study) -> dict[str, Any]:
     """The study's data, written under `<work>/data` (never into the repository): ECTSum as (text, summary) JSON lines,
     the MLM corpus (ECTSum transcripts and WikiText articles, held-back part apart) and the IMDB split."""
@@ -254,8 +261,7 @@ def dense_matches_source(study: Study, reviews: int = 4) -> dict[str, float]:
 
     folder = study.absolute(study.converted("dense_transformer", study.short))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    rows = (study.absolute(study.data) / "imdb_validation.jsonl").read_text(encoding="utf-8").splitlines()
-    texts = [json.loads(row)["text"] for row in rows[:reviews]]
+    texts = [row["text"] for row in _read_jsonl(study.absolute(study.data) / "imdb_validation.jsonl")[:reviews]]
     batch = tokenizer(texts, truncation=True, max_length=study.short, padding=True, return_tensors="pt")
     source = AutoModel.from_pretrained(study.source).eval()
     zoo = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).eval()
@@ -502,8 +508,7 @@ def summarize_jobs(study: Study) -> list[Job]:
 
 
 def _validation_calls(study: Study) -> list[dict[str, Any]]:
-    lines = (study.absolute(study.data) / "ectsum_validation.jsonl").read_text(encoding="utf-8").splitlines()
-    calls = [json.loads(line) for line in lines]
+    calls = _read_jsonl(study.absolute(study.data) / "ectsum_validation.jsonl")
     return calls[: study.profile.summarize_eval] if study.profile.summarize_eval else calls
 
 
@@ -529,7 +534,8 @@ def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) 
         metrics = _metrics(study, output)
         predictions_file = study.absolute(output) / "generated_predictions.txt"
         if metrics is not None and predictions_file.is_file():
-            predictions = predictions_file.read_text(encoding="utf-8").splitlines()
+            # One summary per line (`run_summarization.py` writes them so); a summary may hold other line breaks.
+            predictions = predictions_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
             if len(predictions) != len(references):
                 raise ValueError(f"{output}: {len(predictions)} summaries for {len(references)} validation calls")
             record.update(
@@ -550,7 +556,7 @@ def extractive_baselines(study: Study, calls: list[dict[str, Any]]) -> dict[str,
     """The lead (its length chosen on the training calls) and the greedy extractive oracle on `calls`, scored like the
     models' summaries. No model is involved, so any CPU computes them for the whole validation set."""
     references = [call["summary"] for call in calls]
-    train = [json.loads(line) for line in (study.absolute(study.data) / "ectsum_train.jsonl").open(encoding="utf-8")]
+    train = _read_jsonl(study.absolute(study.data) / "ectsum_train.jsonl")
     k, tried = choose_lead_length([call["text"].split("\n") for call in train], [call["summary"] for call in train])
     leads = [lead(call["text"].split("\n"), k) for call in calls]
     oracles = [oracle_summary(call["text"].split("\n"), call["summary"]) for call in calls]
@@ -562,8 +568,7 @@ def extractive_baselines(study: Study, calls: list[dict[str, Any]]) -> dict[str,
 
 def step_baselines(study: Study) -> dict[str, Any]:
     """Step 3b's reference points alone, on every validation call whatever the profile scores (`run.py baselines`)."""
-    lines = (study.absolute(study.data) / "ectsum_validation.jsonl").read_text(encoding="utf-8").splitlines()
-    calls = [json.loads(line) for line in lines]
+    calls = _read_jsonl(study.absolute(study.data) / "ectsum_validation.jsonl")
     return {"validation_calls": len(calls), **extractive_baselines(study, calls)}
 
 
