@@ -16,6 +16,7 @@ from .dispatch import (
     edge_attention_reference,
     gathered_attention,
     gathered_attention_reference,
+    key_slot_attention,
     resolve_backend,
 )
 from .gated import gated_attention, gated_attention_reference
@@ -34,6 +35,7 @@ __all__ = [
     "gated_attention_reference",
     "gathered_attention",
     "gathered_attention_reference",
+    "key_slot_attention",
     "resolve_backend",
     "unflatten_heads",
 ]

@@ -6,7 +6,9 @@ A family calls one function per primitive and passes its `config.attention_backe
   interpolated points as two weighted entries per slot);
 - [`edge_attention`]: attention along an edge list with a per-row softmax (SBM's sampled graphs, FSAT's predicted
   edges, Sparse Transformer's merged strided pattern);
-- [`dense_attention`]: masked softmax attention over every key (the dense family, dense fallbacks).
+- [`dense_attention`]: masked softmax attention over every key (the dense family, dense fallbacks);
+- [`key_slot_attention`]: every key names its queries in fixed slots, with Gaussian confidences and separate softmax
+  groups (FSAT's predicted and exploration edges and its global keys).
 
 The backend name and the device pick the implementation:
 
@@ -36,6 +38,7 @@ from .dense import dense_masked_attention
 from .dropout import sample_keep_mask
 from .edgelist import check_edges, edge_attention_reference_with_mask, edge_attention_with_mask
 from .gathered import check_gathered, gathered_attention_reference_with_mask, gathered_attention_with_mask
+from .key_slots import check_key_slots, key_slot_attention_torch
 
 #: Values of `ZooConfig.attention_backend`.
 ATTENTION_BACKENDS = ("fast", "reference", "triton")
@@ -313,3 +316,90 @@ def dense_attention(
         # SDPA's treatment of rows without any valid key varies across backends: make them exact zeros.
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     return out
+
+
+def key_slot_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    query: Tensor,
+    mean: Tensor,
+    *,
+    num_graph_slots: int,
+    variance: float,
+    normalized: bool = False,
+    truncate: bool = False,
+    num_global: int = 0,
+    global_softmax: str = "own",
+    key_valid: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    slot_keep: Tensor | None = None,
+    global_keep: Tensor | None = None,
+    backend: str = "fast",
+) -> tuple[Tensor, Tensor]:
+    """Attention along edges that each key names in fixed slots, with Gaussian confidences (FSAT).
+
+    Slot `s` of key `j` is the edge `(query[b, h, j, s] -> j)` (none when -1) with the confidence
+    `rho = exp(-(i - mean)^2 / (2 variance))` (over `sqrt(2 pi variance)` when `normalized`; its gradient reaches
+    `mean` only, clipped to `(-inf, 0]` with `truncate`). Slots `s < num_graph_slots` are the graph's, the others
+    exploration; the first `num_global` keys are global: every real query reads the real ones with confidence 1,
+    and their own slots are ignored. Each query has one
+    softmax per group (graph, exploration, and the global keys with `global_softmax="own"`, else they join the
+    graph's) and outputs the sum over its groups of `dropout(softmax)_e * rho_e * v_j`. Duplicate edges count
+    separately; a query without an edge outputs zeros. No implementation syncs the host with the device but the
+    CPU paths (the reference and the CSR kernels compact the live slots). Semantics: [`attnzoo.kernels.key_slots`].
+
+    Args:
+        q, k, v (`torch.Tensor` of shape `(B, H, N, d)`): queries, keys and values of one dtype.
+        query (`torch.IntTensor` of shape `(B, H, N, S)`): query position of every slot of every key, -1 when the
+            slot is dropped.
+        mean (`torch.Tensor` of shape `(B, H, N, S)`): the prediction each slot's confidence is centred on
+            (differentiable, fp32).
+        num_graph_slots (`int`): the first slots of each key that belong to the graph's softmax.
+        variance (`float`): the confidences' variance.
+        normalized (`bool`, *optional*, defaults to `False`): divide the confidences by `sqrt(2 pi variance)`.
+        truncate (`bool`, *optional*, defaults to `False`): keep only the non-positive part of their gradient.
+        num_global (`int`, *optional*, defaults to 0): the first `g` keys are read by every real query (their slots
+            are ignored).
+        global_softmax (`str`, *optional*, defaults to `"own"`): `"own"` or `"shared"` (with the graph).
+        key_valid (`torch.BoolTensor` of shape `(B, N)`, *optional*): real tokens (for the global edges; the slots
+            must already leave out padding).
+        scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
+        dropout_p (`float`, *optional*, defaults to 0.0): dropout on the probabilities (before the confidences).
+        training (`bool`, *optional*, defaults to `False`): draw the dropout masks when they are not given.
+        slot_keep (`torch.BoolTensor` of shape `(B, H, N, S)`, *optional*): dropout keep-mask of the slots.
+        global_keep (`torch.BoolTensor` of shape `(B, H, N, num_global)`, *optional*): keep-mask of the global
+            edges, per query.
+        backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
+
+    Returns:
+        The output `(B, H, N, d)` in the dtype of q, and the number of distinct `(query, key)` pairs joined by an
+        edge `(B, H)` (float).
+    """
+    check_key_slots(
+        q, k, v, query, mean, key_valid, num_graph_slots, num_global, global_softmax, slot_keep, global_keep
+    )
+    if training and dropout_p > 0.0:
+        if slot_keep is None:
+            slot_keep = sample_keep_mask(tuple(query.shape), dropout_p, q.device)
+        if global_keep is None and num_global:
+            global_keep = sample_keep_mask((*query.shape[:3], num_global), dropout_p, q.device)
+    kwargs = {
+        "num_graph_slots": num_graph_slots,
+        "num_global": num_global,
+        "global_softmax": global_softmax,
+        "key_valid": key_valid,
+        "variance": variance,
+        "normalized": normalized,
+        "truncate": truncate,
+        "scale": scale,
+        "slot_keep": slot_keep,
+        "global_keep": global_keep,
+        "dropout_p": dropout_p,
+    }
+    implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    if implementation == "triton":
+        return _triton_kernels().key_slot_attention_triton(q, k, v, query, mean, **kwargs)
+    return key_slot_attention_torch(q, k, v, query, mean, reference=implementation == "reference", **kwargs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .edgelist import _edge_fwd, edge_attention_triton
 from .gathered import gathered_attention_triton
+from .key_slots import key_slot_attention_triton
 
 
 def interpreted() -> bool:
@@ -16,4 +17,4 @@ def interpreted() -> bool:
     return type(_edge_fwd).__name__ == "InterpretedFunction"
 
 
-__all__ = ["edge_attention_triton", "gathered_attention_triton", "interpreted"]
+__all__ = ["edge_attention_triton", "gathered_attention_triton", "interpreted", "key_slot_attention_triton"]

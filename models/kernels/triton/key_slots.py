@@ -1,0 +1,519 @@
+"""Triton key-slot attention (FSAT's edges): softmax groups, global keys and confidences in registers.
+
+The semantics are [`attnzoo.kernels.key_slots`]'s. The slots `(B, H, N, S)` arrive in key-major order; one stable sort
+of each head's query positions (int32; the dropped slots, -1, sort first) gives the query-major order and CSR row
+pointers per head, without any host sync. Three kernels:
+
+- **forward**, one program per query row: walks the row's edges (a few, in chunks of `BLOCK_E`) and the `g` global
+  keys with one online softmax per group (graph, exploration, global keys), computes every edge's Gaussian
+  confidence from its slot's prediction, and stores the summed output, one log-sum-exp per group and the row's
+  number of distinct keys (duplicates of a pair come from one key's slots, adjacent after the stable sort);
+- **backward, query-major**, one program per query row: a first pass over the edges gives each group's
+  `delta = sum_e p_e factor_e <dO, v_e>`, a second writes dQ and, per slot, the score gradient, the probability
+  times its factor and the prediction's gradient (with the truncation clamp); per global key, the same two numbers;
+- **backward, key-major**, one program per block of keys: each key's `S` slots in their native layout give
+  `dK = sum_s dS_s q_i` and `dV = sum_s p_s factor_s dO_i` without atomics; the global keys' sums over every query
+  come from a small reduction kernel (chunks of queries, fp32 atomics into `(2, B*H, g, d)`) run before it.
+
+q, k, v and dO are read through their strides (the heads' transposed views need no copy), and dQ, dK, dV and the
+output are written in the layout of q, k, v.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .launch import block_d, check_dtypes, row_strides
+
+BLOCK_E = 16  # edges per chunk (rows hold about M + R + g of them)
+BLOCK_K = 16  # keys per program of the key-major backward
+BLOCK_Q = 64  # query rows per tile of the global keys' reduction
+GLOBAL_CHUNK = 1024  # query rows per program of that reduction: N / 1024 atomic adds per element
+NUM_GROUPS = 3  # graph, exploration, global keys: one log-sum-exp each
+NUM_WARPS = 4
+
+
+@triton.jit
+def _row_of(pid, N, H):
+    """The query row `pid = (b*H + h)*N + i` as `(bh, b, h, i)`."""
+    bh = pid // N
+    return bh, bh // H, bh % H, pid % N
+
+
+@triton.jit
+def _gather(X, s_b, s_h, s_n, b, h, pos, dim, mask):
+    """Rows `pos` (L,) of head (b, h) of a `(B, H, N, d)` tensor with the given strides: (L, BLOCK_D) fp32."""
+    ptr = X + b * s_b + h * s_h + pos[:, None].to(tl.int64) * s_n + dim[None, :]
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _confidence(i, mean, inv_two_var, norm):
+    diff = i - mean
+    return tl.exp(-diff * diff * inv_two_var) * norm
+
+
+@triton.jit
+def _online(m, total, acc, score, factor, v_rows):
+    """One chunk of an online softmax (running max `m`, sum `total`, accumulator `acc`): `score` is -inf on the lanes
+    outside the group, `factor` multiplies a probability after the normalisation (dropout, confidence)."""
+    m_new = tl.maximum(m, tl.max(score, 0))
+    # Only -inf so far: a finite shift keeps exp(-inf - shift) = 0 instead of NaN.
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - shift)
+    p = tl.exp(score - shift)
+    total = total * alpha + tl.sum(p, 0)
+    acc = acc * alpha + tl.sum((p * factor)[:, None] * v_rows, 0)
+    return m_new, total, acc
+
+
+@triton.jit
+def _finish(m, total):
+    """`(1 / total, lse)` of a finished group; a group without any edge gives 0 and 0."""
+    has = total > 0.0
+    safe = tl.where(has, total, 1.0)
+    return tl.where(has, 1.0 / safe, 0.0), tl.where(has, m + tl.log(safe), 0.0)
+
+
+@triton.jit
+def _edge_chunk(
+    K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
+    sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm,
+    BLOCK_E: tl.constexpr, HAS_SKEEP: tl.constexpr,
+):  # fmt: skip
+    """Edges `e0 .. e0 + BLOCK_E` of a row (those below `end`, of keys past the `G` global ones): edge ids, live
+    lanes, flat slot ids, key positions, slot indices, key and value rows, logits (-inf off the live lanes),
+    predictions, confidences and dropout factors."""
+    edge = e0 + tl.arange(0, BLOCK_E)
+    in_row = edge < end
+    head = bh * N * S
+    local = tl.load(ORDER + head + edge, mask=in_row, other=0)  # (j, s) within the head
+    key = local // S
+    s = local % S
+    ok = in_row & (key >= G)  # a global key's own slots are ignored: every query reads it anyway
+    slot_id = head + local  # flat (b, h, j, s)
+    mask = ok[:, None] & dim_ok[None, :]
+    k_rows = _gather(K, sk_b, sk_h, sk_n, b, h, key, dim, mask)
+    v_rows = _gather(V, sv_b, sv_h, sv_n, b, h, key, dim, mask)
+    score = tl.where(ok, tl.sum(k_rows * q[None, :], 1) * scale, float("-inf"))
+    mean = tl.load(MEAN + slot_id, mask=ok, other=0.0)
+    conf = tl.where(ok, _confidence(i_f, mean, inv_two_var, norm), 0.0)
+    keep = tl.where(ok, 1.0, 0.0)
+    if HAS_SKEEP:
+        keep = keep * tl.load(SKEEP + slot_id, mask=ok, other=0).to(tl.float32) * keep_scale
+    return edge, ok, slot_id, key, s, k_rows, v_rows, score, mean, conf, keep
+
+
+@triton.jit
+def _global_chunk(
+    K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, G,
+    sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale,
+    BLOCK_G: tl.constexpr, HAS_VALID: tl.constexpr, HAS_GKEEP: tl.constexpr,
+):  # fmt: skip
+    """Global keys `g0 .. g0 + BLOCK_G` of a row: positions, live lanes (real query and key), key and value rows,
+    logits (-inf off the live lanes) and post-softmax factors (dropout; confidence 1)."""
+    key = g0 + tl.arange(0, BLOCK_G)
+    ok = (key < G) & q_real
+    if HAS_VALID:
+        ok = ok & (tl.load(VALID + b * N + key, mask=key < G, other=0) != 0)
+    mask = ok[:, None] & dim_ok[None, :]
+    k_rows = _gather(K, sk_b, sk_h, sk_n, b, h, key, dim, mask)
+    v_rows = _gather(V, sv_b, sv_h, sv_n, b, h, key, dim, mask)
+    score = tl.where(ok, tl.sum(k_rows * q[None, :], 1) * scale, float("-inf"))
+    factor = tl.where(ok, 1.0, 0.0)
+    if HAS_GKEEP:
+        factor = factor * tl.load(GKEEP + pid * G + key, mask=ok, other=0).to(tl.float32) * keep_scale
+    return key, ok, k_rows, v_rows, score, factor
+
+
+@triton.jit
+def _query_real(VALID, b, i, N, HAS_VALID: tl.constexpr):
+    """Whether query `i` of example `b` is a real token, as a (1,) block (broadcasts against the global keys)."""
+    if HAS_VALID:
+        return tl.load(VALID + b * N + i + tl.arange(0, 1)) != 0
+    return tl.full([1], 1, tl.int1)
+
+
+@triton.jit
+def _slots_fwd(
+    Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS,
+    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
+    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    bh, b, h, i = _row_of(pid, N, H)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    q = tl.load(Q + b * sq_b + h * sq_h + i * sq_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    start = tl.load(CROW + bh * (N + 1) + i)  # the row's edges within its head's sorted slots
+    end = tl.load(CROW + bh * (N + 1) + i + 1)
+    i_f = i.to(tl.float32)
+    m0 = tl.full([1], float("-inf"), tl.float32)
+    m1 = tl.full([1], float("-inf"), tl.float32)
+    m2 = tl.full([1], float("-inf"), tl.float32)
+    l0 = tl.zeros([1], tl.float32)
+    l1 = tl.zeros([1], tl.float32)
+    l2 = tl.zeros([1], tl.float32)
+    acc0 = tl.zeros([BLOCK_D], tl.float32)
+    acc1 = tl.zeros([BLOCK_D], tl.float32)
+    acc2 = tl.zeros([BLOCK_D], tl.float32)
+    pairs = tl.zeros([1], tl.int32)
+    for e0 in range(start, end, BLOCK_E):
+        edge, ok, _, key, s, _, v_rows, score, _, conf, keep = _edge_chunk(
+            K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm, BLOCK_E, HAS_SKEEP,
+        )  # fmt: skip
+        graph = s < G0
+        factor = conf * keep
+        m0, l0, acc0 = _online(m0, l0, acc0, tl.where(graph, score, float("-inf")), factor, v_rows)
+        m1, l1, acc1 = _online(m1, l1, acc1, tl.where(graph, float("-inf"), score), factor, v_rows)
+        # The stable sort keeps a row's edges in key-major order: a pair's duplicates are adjacent.
+        first = edge == start
+        before = tl.load(ORDER + bh * N * S + edge - 1, mask=ok & (edge > start), other=0)
+        pairs += tl.sum(tl.where(ok & (first | (before // S != key)), 1, 0), 0)
+    q_real = _query_real(VALID, b, i, N, HAS_VALID)
+    if HAS_GLOBAL:
+        for g0 in range(0, G, BLOCK_G):
+            _, ok, _, v_rows, score, factor = _global_chunk(
+                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, G,
+                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, BLOCK_G, HAS_VALID, HAS_GKEEP,
+            )  # fmt: skip
+            if OWN_GLOBAL:
+                m2, l2, acc2 = _online(m2, l2, acc2, score, factor, v_rows)
+            else:
+                m0, l0, acc0 = _online(m0, l0, acc0, score, factor, v_rows)
+            pairs += tl.sum(tl.where(ok, 1, 0), 0)
+    inv0, lse0 = _finish(m0, l0)
+    inv1, lse1 = _finish(m1, l1)
+    inv2, lse2 = _finish(m2, l2)
+    out = acc0 * inv0 + acc1 * inv1 + acc2 * inv2
+    tl.store(OUT + b * so_b + h * so_h + i * so_n + dim, out.to(OUT.dtype.element_ty), mask=dim_ok)
+    one = tl.arange(0, 1)
+    tl.store(LSE + pid * 3 + one, lse0)
+    tl.store(LSE + pid * 3 + 1 + one, lse1)
+    tl.store(LSE + pid * 3 + 2 + one, lse2)
+    tl.store(PAIRS + pid + one, pairs)
+
+
+@triton.jit
+def _slots_bwd_rows(
+    Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, DO, LSE, DQ, DS, PW, DMEAN, DSG, PG,
+    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, sdq_b, sdq_h, sdq_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
+    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    bh, b, h, i = _row_of(pid, N, H)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    q = tl.load(Q + b * sq_b + h * sq_h + i * sq_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdo_b + h * sdo_h + i * sdo_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    start = tl.load(CROW + bh * (N + 1) + i)
+    end = tl.load(CROW + bh * (N + 1) + i + 1)
+    i_f = i.to(tl.float32)
+    one = tl.arange(0, 1)
+    lse0 = tl.load(LSE + pid * 3 + one)
+    lse1 = tl.load(LSE + pid * 3 + 1 + one)
+    lse2 = tl.load(LSE + pid * 3 + 2 + one)
+    lse_global = lse0
+    if OWN_GLOBAL:
+        lse_global = lse2
+    q_real = _query_real(VALID, b, i, N, HAS_VALID)
+    # Pass 1: each group's delta = sum_e p_e factor_e <dO, v_e> (rowsum(dO * O) of the group's own output).
+    delta0 = tl.zeros([1], tl.float32)
+    delta1 = tl.zeros([1], tl.float32)
+    delta2 = tl.zeros([1], tl.float32)
+    for e0 in range(start, end, BLOCK_E):
+        _, ok, _, _, s, _, v_rows, score, _, conf, keep = _edge_chunk(
+            K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm, BLOCK_E, HAS_SKEEP,
+        )  # fmt: skip
+        graph = s < G0
+        p = tl.exp(score - tl.where(graph, lse0, lse1))
+        term = p * conf * keep * tl.sum(v_rows * do[None, :], 1)
+        delta0 += tl.sum(tl.where(graph, term, 0.0), 0)
+        delta1 += tl.sum(tl.where(graph, 0.0, term), 0)
+    if HAS_GLOBAL:
+        for g0 in range(0, G, BLOCK_G):
+            _, ok, _, v_rows, score, factor = _global_chunk(
+                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, G,
+                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, BLOCK_G, HAS_VALID, HAS_GKEEP,
+            )  # fmt: skip
+            term = tl.sum(tl.exp(score - lse_global) * factor * tl.sum(v_rows * do[None, :], 1), 0)
+            if OWN_GLOBAL:
+                delta2 += term
+            else:
+                delta0 += term
+    # Pass 2: dQ, and per slot the score gradient, p * factor and the prediction's gradient.
+    dq = tl.zeros([BLOCK_D], tl.float32)
+    for e0 in range(start, end, BLOCK_E):
+        _, ok, slot_id, _, s, k_rows, v_rows, score, mean, conf, keep = _edge_chunk(
+            K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm, BLOCK_E, HAS_SKEEP,
+        )  # fmt: skip
+        graph = s < G0
+        p = tl.exp(score - tl.where(graph, lse0, lse1))
+        grad_final = tl.sum(v_rows * do[None, :], 1)  # d loss / d (p * keep * conf)
+        ds = tl.where(ok, p * (grad_final * keep * conf - tl.where(graph, delta0, delta1)), 0.0)
+        dq += tl.sum(ds[:, None] * k_rows, 0) * scale
+        tl.store(DS + slot_id, ds * scale, mask=ok)
+        tl.store(PW + slot_id, p * keep * conf, mask=ok)
+        # d loss / d confidence = p * keep * <dO, v>; the truncation keeps its non-positive part.
+        grad_conf = p * keep * grad_final
+        if TRUNCATE:
+            grad_conf = tl.minimum(grad_conf, 0.0)
+        tl.store(DMEAN + slot_id, grad_conf * conf * (i_f - mean) * (2.0 * inv_two_var), mask=ok)
+    if HAS_GLOBAL:
+        for g0 in range(0, G, BLOCK_G):
+            key, ok, k_rows, v_rows, score, factor = _global_chunk(
+                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, G,
+                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, BLOCK_G, HAS_VALID, HAS_GKEEP,
+            )  # fmt: skip
+            p = tl.exp(score - lse_global)
+            delta = delta0
+            if OWN_GLOBAL:
+                delta = delta2
+            ds = tl.where(ok, p * (tl.sum(v_rows * do[None, :], 1) * factor - delta), 0.0)
+            dq += tl.sum(ds[:, None] * k_rows, 0) * scale
+            tl.store(DSG + pid * G + key, ds * scale, mask=key < G)
+            tl.store(PG + pid * G + key, tl.where(ok, p * factor, 0.0), mask=key < G)
+    tl.store(DQ + b * sdq_b + h * sdq_h + i * sdq_n + dim, dq.to(DQ.dtype.element_ty), mask=dim_ok)
+
+
+@triton.jit
+def _slots_bwd_global(
+    Q, DO, DSG, PG, GPART, H, N, G, BH,
+    sq_b, sq_h, sq_n, sdo_b, sdo_h, sdo_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """The global keys' dK and dV over one chunk of one head's queries, added to `GPART` `(2, B*H, G, D)`."""
+    bh = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1).to(tl.int64) * CHUNK
+    b = bh // H
+    h = bh % H
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    for key in range(0, G):
+        dk = tl.zeros([BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_D], tl.float32)
+        for i0 in range(first, first + CHUNK, BLOCK_Q):
+            i = i0 + tl.arange(0, BLOCK_Q)
+            ok = i < N
+            mask = ok[:, None] & dim_ok[None, :]
+            ds = tl.load(DSG + (bh * N + i) * G + key, mask=ok, other=0.0)
+            pw = tl.load(PG + (bh * N + i) * G + key, mask=ok, other=0.0)
+            dk += tl.sum(ds[:, None] * _gather(Q, sq_b, sq_h, sq_n, b, h, i, dim, mask), 0)
+            dv += tl.sum(pw[:, None] * _gather(DO, sdo_b, sdo_h, sdo_n, b, h, i, dim, mask), 0)
+        tl.atomic_add(GPART + (bh * G + key) * D + dim, dk, mask=dim_ok)
+        tl.atomic_add(GPART + ((BH + bh) * G + key) * D + dim, dv, mask=dim_ok)
+
+
+@triton.jit
+def _slots_bwd_keys(
+    Q, DO, QUERY, DS, PW, DMEAN, GPART, DK, DV, H, N, S, G, R, BH,
+    sq_b, sq_h, sq_n, sdo_b, sdo_h, sdo_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_GLOBAL: tl.constexpr,
+):  # fmt: skip
+    """dK and dV of a block of keys from their slots (key-major, no atomics); zero prediction gradients of the
+    dropped slots and of the global keys' slots."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)  # flat (b*H + h)*N + j
+    ok = rows < R
+    bh = rows // N
+    b = bh // H
+    h = bh % H
+    j = rows % N
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    dk = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    for s in range(0, S):
+        slot_id = rows * S + s
+        i = tl.load(QUERY + slot_id, mask=ok, other=-1)
+        live = ok & (i >= 0) & (j >= G)
+        ds = tl.load(DS + slot_id, mask=live, other=0.0)
+        pw = tl.load(PW + slot_id, mask=live, other=0.0)
+        mask = live[:, None] & dim_ok[None, :]
+        q_ptr = Q + b[:, None] * sq_b + h[:, None] * sq_h + i[:, None].to(tl.int64) * sq_n + dim[None, :]
+        do_ptr = DO + b[:, None] * sdo_b + h[:, None] * sdo_h + i[:, None].to(tl.int64) * sdo_n + dim[None, :]
+        dk += ds[:, None] * tl.load(q_ptr, mask=mask, other=0.0).to(tl.float32)
+        dv += pw[:, None] * tl.load(do_ptr, mask=mask, other=0.0).to(tl.float32)
+        tl.store(DMEAN + slot_id, tl.zeros([BLOCK_K], tl.float32), mask=ok & ~live)
+    if HAS_GLOBAL:
+        is_global = ok & (j < G)
+        mask = is_global[:, None] & dim_ok[None, :]
+        part = (bh * G + j)[:, None] * D + dim[None, :]
+        dk += tl.load(GPART + part, mask=mask, other=0.0)
+        dv += tl.load(GPART + BH * G * D + part, mask=mask, other=0.0)
+    store = ok[:, None] & dim_ok[None, :]
+    dk_ptr = DK + b[:, None] * sdk_b + h[:, None] * sdk_h + j[:, None] * sdk_n + dim[None, :]
+    dv_ptr = DV + b[:, None] * sdv_b + h[:, None] * sdv_h + j[:, None] * sdv_n + dim[None, :]
+    tl.store(dk_ptr, dk.to(DK.dtype.element_ty), mask=store)
+    tl.store(dv_ptr, dv.to(DV.dtype.element_ty), mask=store)
+
+
+def _empty_heads_like(x: Tensor) -> Tensor:
+    """An uninitialised `(B, H, N, d)` tensor laid out as `(B, N, H, d)`: the layout the heads' split gives q, k and
+    v, so that merging the heads again (or the projections' backward) needs no copy."""
+    B, H, N, d = x.shape
+    return x.new_empty(B, N, H, d).transpose(1, 2)
+
+
+class KeySlotAttentionTriton(torch.autograd.Function):
+    """Autograd wrapper of the kernels; see [`key_slot_attention_triton`] for the arguments."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, settings):
+        B, H, N, D = q.shape
+        num_rows = B * H * N
+        out = _empty_heads_like(q)
+        lse = torch.empty(num_rows, 3, dtype=torch.float32, device=q.device)
+        pairs = torch.empty(num_rows, dtype=torch.int32, device=q.device)
+        if num_rows > 0:
+            _slots_fwd[(num_rows,)](
+                q, k, v, mean, order, crow, _or(slot_keep, query), _or(global_keep, query), _or(valid, query),
+                out, lse, pairs, H, N, query.shape[-1], *settings.runtime(),
+                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
+                **settings.meta(D, slot_keep, global_keep, valid),
+            )  # fmt: skip
+        ctx.save_for_backward(q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse)
+        ctx.settings = settings
+        ctx.mark_non_differentiable(pairs)
+        return out, pairs
+
+    @staticmethod
+    # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, _grad_pairs):
+        q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse = ctx.saved_tensors
+        settings = ctx.settings
+        B, H, N, D = q.shape
+        S, G = query.shape[-1], settings.num_global
+        num_rows = B * H * N
+        if grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        dq, dk, dv = _empty_heads_like(q), _empty_heads_like(k), _empty_heads_like(v)
+        dmean = torch.empty_like(mean, dtype=torch.float32)
+        per_slot = torch.empty(2, *query.shape, dtype=torch.float32, device=q.device)  # dS * scale, p * factor
+        per_global = torch.empty(2, num_rows, G, dtype=torch.float32, device=q.device)
+        parts = torch.zeros(2, B * H, G, D, dtype=torch.float32, device=q.device) if G else per_global
+        meta = settings.meta(D, slot_keep, global_keep, valid)
+        if num_rows > 0:
+            _slots_bwd_rows[(num_rows,)](
+                q, k, v, mean, order, crow, _or(slot_keep, query), _or(global_keep, query), _or(valid, query),
+                grad_out, lse, dq, per_slot[0], per_slot[1], dmean, per_global[0], per_global[1],
+                H, N, S, *settings.runtime(),
+                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(grad_out), *row_strides(dq),
+                TRUNCATE=settings.truncate, **meta,
+            )  # fmt: skip
+            if G:
+                _slots_bwd_global[(B * H, triton.cdiv(N, GLOBAL_CHUNK))](
+                    q, grad_out, per_global[0], per_global[1], parts, H, N, G, B * H,
+                    *row_strides(q), *row_strides(grad_out),
+                    D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_Q=BLOCK_Q, CHUNK=GLOBAL_CHUNK, num_warps=NUM_WARPS,
+                )  # fmt: skip
+            _slots_bwd_keys[(triton.cdiv(num_rows, BLOCK_K),)](
+                q, grad_out, query, per_slot[0], per_slot[1], dmean, parts, dk, dv, H, N, S, G, num_rows, B * H,
+                *row_strides(q), *row_strides(grad_out), *row_strides(dk), *row_strides(dv),
+                D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_K=BLOCK_K, HAS_GLOBAL=G > 0, num_warps=NUM_WARPS,
+            )  # fmt: skip
+        return dq, dk, dv, dmean, None, None, None, None, None, None, None
+
+
+class _Settings:
+    """The scalars and switches of one call, shared by the forward and backward launches."""
+
+    def __init__(self, *, num_graph_slots, num_global, own_global, scale, keep_scale, variance, normalized, truncate):
+        self.num_graph_slots, self.num_global, self.own_global = num_graph_slots, num_global, own_global
+        self.scale, self.keep_scale, self.truncate = scale, keep_scale, truncate
+        self.inv_two_var = 1.0 / (2.0 * variance)
+        self.norm = 1.0 / math.sqrt(2.0 * math.pi * variance) if normalized else 1.0
+
+    def runtime(self) -> tuple:
+        """`G0, G, scale, keep_scale, inv_two_var, norm` as the kernels take them."""
+        return self.num_graph_slots, self.num_global, self.scale, self.keep_scale, self.inv_two_var, self.norm
+
+    def meta(self, head_dim: int, slot_keep, global_keep, valid) -> dict:
+        return {
+            "D": head_dim,
+            "BLOCK_D": block_d(head_dim),
+            "BLOCK_E": BLOCK_E,
+            "BLOCK_G": min(triton.next_power_of_2(max(self.num_global, 1)), 16),
+            "HAS_SKEEP": slot_keep is not None,
+            "HAS_GKEEP": global_keep is not None,
+            "HAS_VALID": valid is not None,
+            "HAS_GLOBAL": self.num_global > 0,
+            "OWN_GLOBAL": self.own_global,
+            "num_warps": NUM_WARPS,
+        }
+
+
+def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
+    # Absent optional inputs still need a pointer argument; the constexpr flags keep the kernels from reading it.
+    return placeholder if tensor is None else tensor
+
+
+def query_major_order(query: Tensor) -> tuple[Tensor, Tensor]:
+    """Each head's slots in query-major order: their positions `(j, s)` within the head `(B*H, N*S)` int64, sorted by
+    query (stable, so a row's slots stay in key-major order; the dropped ones first), and CSR pointers `(B*H, N+1)`
+    int32 into them. No host sync."""
+    B, H, N, S = query.shape
+    if N * S >= 2**31:
+        raise ValueError(f"key-slot attention indexes a head's N*S = {N * S} slots with int32: at most 2**31 - 1")
+    queries, order = torch.sort(query.reshape(B * H, N * S), dim=-1, stable=True)
+    rows = torch.arange(N + 1, dtype=torch.int32, device=query.device).repeat(B * H, 1)
+    return order, torch.searchsorted(queries, rows, out_int32=True)
+
+
+def key_slot_attention_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    query: Tensor,
+    mean: Tensor,
+    *,
+    num_graph_slots: int,
+    num_global: int,
+    global_softmax: str,
+    key_valid: Tensor | None,
+    variance: float,
+    normalized: bool,
+    truncate: bool,
+    scale: float | None,
+    slot_keep: Tensor | None,
+    global_keep: Tensor | None,
+    dropout_p: float,
+) -> tuple[Tensor, Tensor]:
+    """Triton implementation of [`attnzoo.kernels.key_slot_attention`] (arguments as there, checked there; explicit
+    keep-masks or None). q, k and v share one dtype among fp32, bf16 and fp16; the output has it too.
+
+    Returns:
+        The output `(B, H, N, d)` and the distinct pair count `(B, H)` float.
+    """
+    check_dtypes(q, k, v)
+    B, H, N, D = q.shape
+    order, crow = query_major_order(query)
+    settings = _Settings(
+        num_graph_slots=num_graph_slots,
+        num_global=num_global,
+        own_global=global_softmax == "own" and num_global > 0,
+        scale=D**-0.5 if scale is None else float(scale),
+        keep_scale=0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p),
+        variance=variance,
+        normalized=normalized,
+        truncate=truncate,
+    )
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    views = [None if t is None else t.contiguous().view(torch.uint8) for t in (slot_keep, global_keep, key_valid)]
+    mean = mean.to(torch.float32).contiguous()
+    out, pairs = KeySlotAttentionTriton.apply(q, k, v, mean, query.contiguous(), order, crow, *views, settings)
+    return out, pairs.view(B, H, N).sum(-1, dtype=torch.float32)
