@@ -3,7 +3,7 @@
 Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.md`):
 
 1. `F1 = f1(X)`, `F2 = f2(X)` (zeroed at padded positions), `C0_k = sum_{i+j=k} F1_i * F2_j` by FFT (fp32; fp64
-   for fp64 inputs).
+   for fp64 inputs; `pooling.py`: one complex FFT, only `F1` and `F2` saved for the backward).
 2. Central-token merge: `C_t = LN(C0_{2t} + C0_{2t+1} - F1_t * F2_t)` (`C0_{2N-1}` is an empty antidiagonal = 0).
 3. `Q = X W_Q`, `K = C W_K`, `V = C W_V`.
 4. Selection: `I_bar = sigmoid(C W_I + b_I) * L` predicts, for every key `j`, `M` query positions (with
@@ -11,14 +11,14 @@ Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.m
    untrained keys predict queries around themselves); the edges are `(floor(I_bar_jm) -> j)`, plus in training
    uniformly drawn queries per key.
 5. Compute: segment softmax over each query's edges, times the Gaussian confidence `rho(i | I_bar, sigma^2)` (no
-   renormalisation), through the shared edge-list kernel. The confidence gradient can be truncated to `(-inf, 0]`.
-   The training-only exploration edges of a query have a softmax of their own (ours, see `sparse_attend`).
+   renormalisation), through the kernel layer's key-slot attention (`attnzoo.kernels.key_slot_attention`): the edges
+   stay in fixed slots per key, `-1` where dropped, so that selecting them needs no host sync. The confidence
+   gradient can be truncated to `(-inf, 0]`. The training-only exploration edges of a query have a softmax of their
+   own (ours, see `sparse_attend`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -29,77 +29,26 @@ from transformers.activations import ACT2FN
 from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import global_edges
 from ..core.masking import attention_bool_mask
-from ..kernels import dense_attention, dense_masked_attention, edge_attention, flatten_heads, unflatten_heads
+from ..kernels import dense_attention, key_slot_attention
+from ..kernels.key_slots import gaussian_confidence, key_slot_edges, truncate_positive_gradient
 from .configuration_fsat import FSATConfig
+from .pooling import antidiagonal_sums, central_token_merge, pooled_cross_fused
+from .recompute import linear_of_recomputed
+
+__all__ = [
+    "FSATAttention",
+    "FSATEdges",
+    "FeatureMap",
+    "KeySlots",
+    "antidiagonal_sums",
+    "central_token_merge",
+    "gaussian_confidence",
+    "truncate_positive_gradient",
+]
 
 
-class _TruncatePositiveGradient(torch.autograd.Function):
-    """Identity forward; the backward keeps only the non-positive part of the incoming gradient."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad.clamp(max=0.0)
-
-
-def truncate_positive_gradient(x: torch.Tensor) -> torch.Tensor:
-    """FSAT's gradient truncation: identity, but `dL/dx` is clipped to `(-inf, 0]` on the way back.
-
-    A negative gradient on a confidence means "this edge helped": the predicted position moves towards it. Positive
-    gradients would push the prediction around without pointing at a better query, so they are dropped.
-    """
-    return _TruncatePositiveGradient.apply(x)
-
-
-def gaussian_confidence(index: torch.Tensor, mean: torch.Tensor, variance: float, normalized: bool) -> torch.Tensor:
-    """`rho(index | mean, variance)`: Gaussian density of the (constant) integer index around the prediction.
-
-    The index is a constant of the density, so the gradient reaches only `mean` (the reparameterisation of the
-    discrete choice): `d rho / d mean = rho * (index - mean) / variance`.
-    """
-    out = torch.exp(-((index - mean) ** 2) / (2.0 * variance))
-    return out / math.sqrt(2.0 * math.pi * variance) if normalized else out
-
-
-def antidiagonal_sums(f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
-    """`C0_k = sum_{i+j=k} f1_i * f2_j` for `k = 0 .. 2N-2` via a zero-padded real FFT (a linear convolution).
-
-    Args:
-        f1, f2 (`torch.Tensor` of shape `(B, N, D)`): mapped sequences (zeros at padded positions).
-
-    Returns:
-        `torch.Tensor` of shape `(B, 2N-1, D)` in fp32, or fp64 for fp64 inputs (computed with autocast disabled).
-    """
-    length = f1.shape[1]
-    # A power of two >= 2N keeps pocketfft/cuFFT on their fast paths and avoids circular wrap-around.
-    n_fft = 1 << (2 * length - 1).bit_length()
-    with torch.autocast(device_type=f1.device.type, enabled=False):
-        f1_hat = torch.fft.rfft(_at_least_fp32(f1), n=n_fft, dim=1)
-        f2_hat = torch.fft.rfft(_at_least_fp32(f2), n=n_fft, dim=1)
-        return torch.fft.irfft(f1_hat * f2_hat, n=n_fft, dim=1)[:, : 2 * length - 1]
-
-
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    """Half precision goes up to fp32 (FFT round-off); fp32 and fp64 stay as they are."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-def central_token_merge(c0: torch.Tensor, f1: torch.Tensor, f2: torch.Tensor) -> torch.Tensor:
-    """Row `t` = antidiagonals `2t` and `2t+1` minus the self pair `(t, t)` (before the LayerNorm).
-
-    Args:
-        c0 (`torch.Tensor` of shape `(B, 2N-1, D)`): antidiagonal sums.
-        f1, f2 (`torch.Tensor` of shape `(B, N, D)`): the mapped sequences they were computed from.
-
-    Returns:
-        `torch.Tensor` of shape `(B, N, D)`.
-    """
-    even = c0[:, 0::2]  # (B, N, D): centre on token t
-    odd = F.pad(c0[:, 1::2], (0, 0, 0, 1))  # (B, N, D): centre between t and t+1, none after the last token
-    return even + odd - _at_least_fp32(f1) * _at_least_fp32(f2)
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 class FeatureMap(nn.Module):
@@ -129,7 +78,8 @@ class FeatureMap(nn.Module):
         if mask is not None:
             x = x * mask
         h = self.inner(x) if self.conv is None else self.conv(x.transpose(1, 2)).transpose(1, 2)
-        out = self.outer(self.act(h))
+        # The activation saves h: the outer projection's input is recomputed from it rather than saved too.
+        out = linear_of_recomputed(h, self.act, self.outer)
         return out if mask is None else out * mask
 
 
@@ -155,16 +105,28 @@ class FSATEdges:
     explore: torch.Tensor
     fixed: torch.Tensor
 
-    def select(self, keep: torch.Tensor) -> FSATEdges:
-        """The edges where `keep` `(E,)` is True."""
-        return FSATEdges(*(getattr(self, f.name)[keep] for f in dataclasses.fields(self)))
+
+@dataclass
+class KeySlots:
+    """Selected structure of one layer in fixed slots per key (static shapes, no host sync).
+
+    Args:
+        query (`torch.IntTensor` of shape `(B, H, N, S)`): query position `i` of slot `s` of key `j`, -1 where the
+            slot is dropped (query out of range or padding, padded key). The first `M` slots are the predicted ones,
+            the other `R` (training only) the random ones.
+        mean (`torch.Tensor` of shape `(B, H, N, S)`): the prediction `I_bar` each slot's confidence is centred on
+            (a random slot takes the prediction of slot `r mod M`).
+    """
+
+    query: torch.Tensor
+    mean: torch.Tensor
 
 
 class FSATAttention(ZooAttention):
     """FSAT encoder self-attention (see the module docstring for the computation).
 
     Keys and values are projected from the pooled cross `C`, not from the hidden states, so this class overrides
-    `forward` instead of `attend`. The edges go through [`~attnzoo.kernels.edge_attention`], whose implementation
+    `forward` instead of `attend`. The edges go through [`~attnzoo.kernels.key_slot_attention`], whose implementation
     `attention_backend` picks (reference, CPU CSR path or Triton); `output_attentions=True` computes the same edges
     with dense masked attention to return the weights. `use_sparse=False` is the dense "FAT" ablation.
 
@@ -221,79 +183,101 @@ class FSATAttention(ZooAttention):
     def pooled_cross(self, hidden_states: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """The hidden-state cross `C` `(B, N, D)`: FFT antidiagonal pooling, central-token merge and LayerNorm.
 
-        `valid` `(B, N)` marks real tokens (`None`: all real).
+        `valid` `(B, N)` marks real tokens (`None`: all real). Rows without any real pair are exact zeros before the
+        LayerNorm (`pooling.rows_with_pairs`). Every attention backend pools with the Function that saves only the
+        feature maps (`pooling.pooled_cross_fused`: the method's own computation, not an attention kernel; tested
+        against the plain-autograd FFT, whose fp32 round-off is about half of its 4e-7).
         """
         f1 = self.feature_map_1(hidden_states, valid)
         f2 = self.feature_map_2(hidden_states, valid)
-        merged = central_token_merge(antidiagonal_sums(f1, f2), f1, f2)  # (B, N, D) fp32
-        # Rows without any real pair (the last real token: its antidiagonals hold only the self pair; and padding) are
-        # zero in exact arithmetic but FFT round-off, which the LayerNorm would blow up to unit scale and which
-        # depends on the padded length. Make them exact zeros: count the real pairs with the same pooling on the mask.
-        if valid is None:
-            has_pairs = torch.arange(hidden_states.shape[1], device=merged.device) < hidden_states.shape[1] - 1
-            has_pairs = has_pairs[None, :, None]  # (1, N, 1)
-        else:
-            m = valid[..., None].to(torch.float32)  # (B, N, 1)
-            has_pairs = central_token_merge(antidiagonal_sums(m, m), m, m) > 0.5
-        return self.cross_norm((merged * has_pairs).to(hidden_states.dtype))
+        return self.cross_norm(pooled_cross_fused(f1, f2, valid).to(hidden_states.dtype))
 
-    def predict_indices(self, cross: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Continuous predicted query positions `I_bar` `(B, H, N, M)` in fp32, in `(0, L)`."""
+    def predict_indices(self, cross: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """Continuous predicted query positions `I_bar` `(B, H, N, M)` in fp32, in `(0, L)`.
+
+        `lengths` `(B,)` holds the real tokens per example (`None`: all `N` are real).
+        """
         B, N, _ = cross.shape
         # fp32 even under autocast: a bf16 logit would move a prediction of scale L by ~L/256 positions.
         with torch.autocast(device_type=cross.device.type, enabled=False):
-            weight, bias = self.index_predictor.weight.float(), self.index_predictor.bias.float()
-            logits = F.linear(cross.float(), weight, bias).view(B, N, -1, self.num_predicted).transpose(1, 2)
+            # The keys' and values' projections save the cross: its fp32 copy is recomputed, not saved.
+            logits = linear_of_recomputed(cross, _identity, self.index_predictor, compute_dtype=torch.float32)
+            logits = logits.view(B, N, -1, self.num_predicted).transpose(1, 2)
         if self.config.index_scale == "max_length":
-            scale = torch.full((B, 1, 1, 1), float(self.config.fsat_index_length), device=cross.device)
+            scale = float(self.config.fsat_index_length)
+        elif lengths is None:
+            scale = float(N)
         else:
             scale = lengths.to(torch.float32).view(B, 1, 1, 1)
         if self.config.index_prior == "key_position":
             # Centre key j's predictions on j itself: sigmoid(logit(p)) * L = p * L = j + 0.5 when the learnt part is
             # zero. Keys past the scale (padding, or beyond L_max) are clamped; their edges are dropped anyway.
-            centre = (torch.arange(N, device=cross.device, dtype=torch.float32).view(1, 1, N, 1) + 0.5) / scale
-            eps = torch.finfo(torch.float32).eps
-            logits = logits + torch.logit(centre.clamp(eps, 1.0 - eps))  # (B, H', N, M)
+            centre = torch.arange(0.5, N, device=cross.device, dtype=torch.float32).view(1, 1, N, 1) / scale
+            logits = logits + torch.logit(centre, eps=torch.finfo(torch.float32).eps)  # (B, H', N, M)
         return torch.sigmoid(logits).expand(B, self.num_heads, N, self.num_predicted) * scale
 
-    def select_edges(self, mean: torch.Tensor, valid: torch.Tensor) -> FSATEdges:
-        """Key-centric edges: predicted queries `floor(I_bar)` and, in training, random real queries per key.
+    def select_slots(self, mean: torch.Tensor, valid: torch.Tensor | None) -> KeySlots:
+        """Key-centric edges in fixed slots: predicted queries `floor(I_bar)` and, in training, random real queries
+        per key.
 
-        Edges whose key is padding or whose query falls outside the real tokens are dropped, not clamped (clamping
-        would pile edges on the last token). Random queries are drawn from the global torch RNG (replayed by
-        gradient checkpointing) uniformly over each sample's real positions, so they never depend on padding.
+        Edges whose key is padding or whose query falls outside the real tokens are dropped (-1), not clamped
+        (clamping would pile edges on the last token). The global keys keep their slots here; the attention ignores
+        them, as every query reads those keys anyway. Random queries are drawn from the global torch RNG (replayed
+        by gradient checkpointing) uniformly over each sample's real positions, so they never depend on padding.
+
+        Args:
+            mean (`torch.Tensor` of shape `(B, H, N, M)`): the predictions.
+            valid (`torch.BoolTensor` of shape `(B, N)`, *optional*): real tokens (`None`: all real).
         """
         B, H, N, M = mean.shape
-        index = mean.detach().floor().long()  # (B, H, N, M)
+        explore = self.training and self.num_random > 0
+        if not explore:
+            # The predictor's heads come out of one linear as (B, N, H, M), and the kernels read the slots by their
+            # flat (b, h, j, s) position: lay them out in that order (in training, appending the random slots does).
+            mean = mean.contiguous()
+        index = mean.detach().floor()  # (B, H, N, M); >= 0, and NaN fails every comparison below
+        in_range = index < N
+        index = index.to(torch.int32)
         slot_mean = mean
-        predicted = torch.ones_like(index, dtype=torch.bool)
-        if self.training and self.num_random > 0:
-            lengths = valid.sum(-1)  # (B,)
-            # Real positions first (stable), so rank r < N_b maps to the r-th real token whatever the padding side.
-            real_positions = torch.sort((~valid).to(torch.int8), dim=-1, stable=True)[1]  # (B, N)
-            u = torch.rand(B, H, N, self.num_random, device=mean.device)
-            rank = (u * lengths.view(B, 1, 1, 1)).long().clamp(max=N - 1)
-            random_index = real_positions.gather(1, rank.view(B, -1)).view(B, H, N, self.num_random)
-            paired_mean = mean[..., torch.arange(self.num_random, device=mean.device) % M]
+        if explore:
+            R = self.num_random
+            u = torch.rand(B, H, N, R, device=mean.device)
+            if valid is None:
+                random_index = (u * N).to(torch.int32).clamp(max=N - 1)
+            else:
+                lengths = valid.sum(-1)  # (B,)
+                # Real positions first (stable), so rank r < N_b maps to the r-th real token whatever the padding.
+                real_positions = torch.sort((~valid).to(torch.int8), dim=-1, stable=True)[1]  # (B, N)
+                rank = (u * lengths.view(B, 1, 1, 1)).long().clamp(max=N - 1)
+                random_index = real_positions.gather(1, rank.view(B, -1)).view(B, H, N, R).to(torch.int32)
             index = torch.cat([index, random_index], dim=-1)  # (B, H, N, M + R)
+            in_range = torch.cat([in_range, torch.ones_like(random_index, dtype=torch.bool)], dim=-1)
+            # Random slot r is centred on prediction r mod M.
+            paired_mean = mean.repeat(1, 1, 1, -(-R // M))[..., :R] if R > M else mean[..., :R]
             slot_mean = torch.cat([mean, paired_mean], dim=-1)
-            predicted = torch.cat([predicted, torch.zeros_like(random_index, dtype=torch.bool)], dim=-1)
-        in_range = (index >= 0) & (index < N)
-        safe_index = index.clamp(0, N - 1)
-        query_real = valid.gather(1, safe_index.reshape(B, -1)).view(index.shape)
-        keep = in_range & query_real & valid.view(B, 1, N, 1)  # (B, H, N, S)
-        base = (torch.arange(B * H, device=mean.device) * N).view(B, H, 1, 1)
-        keys = torch.arange(N, device=mean.device).view(1, 1, N, 1)
-        rows = (base + safe_index)[keep]
-        cols = (base + keys).expand_as(index)[keep]
+        keep = in_range
+        if valid is not None:
+            query_real = valid.gather(1, index.clamp(0, N - 1).reshape(B, -1).long()).view(index.shape)
+            keep = keep & query_real & valid.view(B, 1, N, 1)
+        return KeySlots(query=torch.where(keep, index, -1), mean=slot_mean)
+
+    def select_edges(self, mean: torch.Tensor, valid: torch.Tensor | None) -> FSATEdges:
+        """The live slots of [`select_slots`] as a flat edge list (global keys' own predictions included).
+
+        A compaction, so a host sync on an accelerator: the dense reference of `output_attentions` uses it, the
+        attention itself reads the slots.
+        """
+        slots = self.select_slots(mean, valid)
+        live, rows, cols, slot = key_slot_edges(slots.query)
+        predicted = slot < self.num_predicted
         return FSATEdges(
             rows=rows,
             cols=cols,
-            query_index=index[keep].to(torch.float32),
-            mean=slot_mean[keep],
-            predicted=predicted[keep],
-            explore=~predicted[keep],
-            fixed=torch.zeros_like(predicted[keep]),
+            query_index=slots.query[live].to(torch.float32),
+            mean=slots.mean[live],
+            predicted=predicted,
+            explore=~predicted,
+            fixed=torch.zeros_like(predicted),
         )
 
     def add_global_edges(
@@ -369,17 +353,13 @@ class FSATAttention(ZooAttention):
         """
         if key_value_states is not None or cache is not None:
             raise ValueError("FSATAttention is encoder self-attention only: no cross-attention and no KV cache.")
-        B, N, _ = hidden_states.shape
         cross = self.pooled_cross(hidden_states, key_valid)  # (B, N, D)
         q = self._split(self.q_proj(hidden_states))  # (B, H, N, d)
         k = self._split(self.k_proj(cross))
         v = self._split(self.v_proj(cross))
         q, k = self.rotate(q, k)  # rotary positions: key j is the pooled cross at position j
         if self.config.use_sparse:
-            valid = key_valid
-            if valid is None:
-                valid = torch.ones(B, N, dtype=torch.bool, device=hidden_states.device)
-            out = self.sparse_attend(q, k, v, cross, valid, output_attentions)
+            out = self.sparse_attend(q, k, v, cross, key_valid, output_attentions)
         else:
             out = self.dense_attend(q, k, v, key_valid, output_attentions)
         return self.finish(self.with_global_rows(out, q, k, v, key_valid), hidden_states)
@@ -402,9 +382,9 @@ class FSATAttention(ZooAttention):
         )  # fmt: skip
         return AttentionOutput(hidden_states=out)
 
-    # A compiler boundary: edge selection has data-dependent shapes and the edge kernel's custom autograd Function
-    # breaks dynamo's automatic-dynamic shapes pass (IndexError in torch 2.13), so under `torch.compile` this part
-    # runs eagerly (one graph break per layer) and the rest of the model is compiled.
+    # A compiler boundary: the edge kernels' custom autograd Functions broke dynamo's automatic-dynamic shapes pass
+    # (IndexError in torch 2.13), so under `torch.compile` this part runs eagerly (one graph break per layer) and the
+    # rest of the model is compiled.
     @torch.compiler.disable
     def sparse_attend(
         self,
@@ -412,10 +392,11 @@ class FSATAttention(ZooAttention):
         k: torch.Tensor,
         v: torch.Tensor,
         cross: torch.Tensor,
-        valid: torch.Tensor,
+        valid: torch.Tensor | None,
         output_attentions: bool,
     ) -> AttentionOutput:
-        """FSAT proper: select the edges from `cross`, then attend along them.
+        """FSAT proper: select the edges from `cross`, then attend along them (`valid` `(B, N)`: real tokens, `None`
+        when all are real).
 
         The exploration edges of a query (training only) are normalised in a softmax of their own, added to the
         output of the graph's softmax (ours; the paper has one softmax over both). In one softmax they take
@@ -430,50 +411,48 @@ class FSATAttention(ZooAttention):
         predicted edges grow; see the config).
         """
         B, H, N, _ = q.shape
-        lengths = valid.sum(-1)  # (B,)
-        edges = self.select_edges(self.predict_indices(cross, lengths), valid)
-        conf = self.confidences(edges)
+        lengths = None if valid is None else valid.sum(-1)  # (B,)
+        mean = self.predict_indices(cross, lengths)
         g = self.global_positions(N)
-        if g:
-            edges, conf = self.add_global_edges(edges, conf, valid, g)
-        density = self.edge_density(edges, lengths, B, H, N)
         if output_attentions:
-            out, weights = self.edge_reference(q, k, v, edges, conf)
-            return AttentionOutput(hidden_states=out, attn_weights=weights, density=density)
-        own_global = g > 0 and self.global_keys_apart
-        if own_global:
-            # The global keys' own softmax is a dense (N x g) attention: computed as one, not through the edge list.
-            edges, conf = edges.select(~edges.fixed), conf[~edges.fixed]
-        groups = self.softmax_groups(edges, 0)
-        q_flat, rows = flatten_heads(q), edges.rows
-        if len(groups) > 1:
-            # Group `s` goes to virtual query rows `s * B*H*N + row`: one softmax per query and group, summed below.
-            group = sum(s * mask.long() for s, mask in enumerate(groups))  # (E,)
-            rows = rows + group * (B * H * N)
-            q_flat = q_flat.repeat(len(groups), 1)  # (S*B*H*N, d)
-        flat = edge_attention(
-            q_flat,
-            flatten_heads(k),
-            flatten_heads(v),
-            rows,
-            edges.cols,
-            edge_weight=conf,
+            return self.attend_with_weights(q, k, v, mean, valid, g)
+        slots = self.select_slots(mean, valid)
+        out, pairs = key_slot_attention(
+            q,
+            k,
+            v,
+            slots.query,
+            slots.mean,
+            num_graph_slots=self.num_predicted,
+            variance=self.variance,
+            normalized=self.config.confidence_normalized,
+            truncate=self.training and self.config.gradient_truncation,
+            num_global=g,
+            global_softmax=self.config.global_key_softmax,
+            key_valid=valid,
             scale=self.scaling,
             dropout_p=self.dropout,
             training=self.training,
             backend=self.config.attention_backend,
         )
-        if len(groups) > 1:
-            flat = flat.view(len(groups), B * H * N, -1).sum(0)  # per query: the sum of its groups' outputs
-        out = unflatten_heads(flat, B, H, N)  # (B, H, N, d)
-        if own_global:
-            # Real queries over the real global keys (confidence 1); a padded query or global key takes no part.
-            mask = valid[:, None, :, None] & valid[:, None, None, :g]  # (B, 1, N, g)
-            reads, _ = dense_masked_attention(
-                q, k[:, :, :g], v[:, :, :g], mask, dropout_p=self.dropout, scale=self.scaling, training=self.training
-            )
-            out = out + reads
+        # The fraction of each example's real (query, key) pairs joined by an edge, per head.
+        density = pairs / (N * N) if lengths is None else pairs / (lengths.to(pairs.dtype) ** 2).clamp(min=1)[:, None]
         return AttentionOutput(hidden_states=out, density=density)
+
+    def attend_with_weights(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mean: torch.Tensor, valid: torch.Tensor | None, g: int
+    ) -> AttentionOutput:
+        """`output_attentions=True`: the same edges as a flat list, attended by dense masked attention
+        ([`edge_reference`]) to return the `(B, H, N, N)` weights."""
+        B, H, N, _ = q.shape
+        valid = torch.ones(B, N, dtype=torch.bool, device=q.device) if valid is None else valid
+        edges = self.select_edges(mean, valid)
+        conf = self.confidences(edges)
+        if g:
+            edges, conf = self.add_global_edges(edges, conf, valid, g)
+        density = self.edge_density(edges, valid.sum(-1), B, H, N)
+        out, weights = self.edge_reference(q, k, v, edges, conf)
+        return AttentionOutput(hidden_states=out, attn_weights=weights, density=density)
 
     def edge_reference(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, edges: FSATEdges, conf: torch.Tensor

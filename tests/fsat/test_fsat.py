@@ -9,6 +9,7 @@ from attnzoo.core.attention import DenseAttention
 from attnzoo.fsat import FSATConfig, FSATForConditionalGeneration, FSATForSequenceClassification, FSATModel
 from attnzoo.fsat.attention_fsat import (
     FSATAttention,
+    KeySlots,
     antidiagonal_sums,
     central_token_merge,
     gaussian_confidence,
@@ -168,8 +169,15 @@ def test_exploration_edges_take_no_probability_from_the_graph_inference_keeps(nu
     module.train()
     explored = module(x, valid).hidden_states
     assert not torch.allclose(explored, expected, atol=1e-4)  # exploration does reach the output
-    real_confidences = module.confidences
-    monkeypatch.setattr(module, "confidences", lambda edges: real_confidences(edges) * ~edges.explore)
+    # Weight the exploration edges 0 and keep them in the softmax: their predictions at +inf give confidence 0.
+    real_select_slots = module.select_slots
+
+    def unweighted_exploration(*args, **kwargs):
+        slots = real_select_slots(*args, **kwargs)
+        far = torch.full_like(slots.mean[..., module.num_predicted :], float("inf"))
+        return KeySlots(slots.query, torch.cat([slots.mean[..., : module.num_predicted], far], dim=-1))
+
+    monkeypatch.setattr(module, "select_slots", unweighted_exploration)
     torch.testing.assert_close(module(x, valid).hidden_states, expected, rtol=1e-5, atol=1e-6)
 
 
