@@ -250,13 +250,13 @@ def test_equivalence_check_is_not_fooled_by_a_moved_selection(monkeypatch: pytes
     assert result["passed"] is True and result["output_error"] < 0.1, result
 
     # A fast path 10% off is caught (the reference backend goes through the same dispatch: leave it alone).
-    kernel = fsat_attention.edge_attention
+    kernel = fsat_attention.key_slot_attention
 
     def ten_percent_off(*args, **kwargs):
-        out = kernel(*args, **kwargs)
-        return out if kwargs["backend"] == "reference" else out * 1.1
+        out, pairs = kernel(*args, **kwargs)
+        return (out, pairs) if kwargs["backend"] == "reference" else (out * 1.1, pairs)
 
-    monkeypatch.setattr(fsat_attention, "edge_attention", ten_percent_off)
+    monkeypatch.setattr(fsat_attention, "key_slot_attention", ten_percent_off)
     wrong = check_equivalence(row, settings, 2048)
     assert wrong["passed"] is False, wrong
 
