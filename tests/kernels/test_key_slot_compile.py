@@ -30,15 +30,17 @@ SCRIPT = textwrap.dedent(
                 "DK": "*bf16", "DV": "*bf16", "ORDER": "*i64", "CROW": "*i32", "QUERY": "*i32", "PAIRS": "*i32",
                 "SKEEP": "*u8", "GKEEP": "*u8", "VALID": "*u8"}
     FLOATS = {"scale", "keep_scale", "inv_two_var", "norm"}
+    INTS = {"H", "N", "S", "G0", "G", "R", "BH"}  # sizes named in capitals, as the kernels' pointers are
 
-    def compile_kernel(kernel, meta):
+    def compile_kernel(kernel, meta, ones=()):
+        # A launch specialises an int argument equal to 1 to the constant 1: `ones` names those.
         options = {"num_warps": meta.pop("num_warps")}
         signature, constexprs = {}, {}
         for position, name in enumerate(kernel.arg_names):
-            if name in meta:
+            if name in meta or name in ones:
                 signature[name] = "constexpr"
-                constexprs[(position,)] = meta[name]
-            elif name.isupper():
+                constexprs[(position,)] = meta.get(name, 1)
+            elif name.isupper() and name not in INTS:
                 signature[name] = POINTERS.get(name, "*fp32")
             else:
                 signature[name] = "fp32" if name in FLOATS else "i32"
@@ -56,16 +58,17 @@ SCRIPT = textwrap.dedent(
         )
         keep = present if keeps else None
         meta = settings.meta(head_dim, keep, keep, present if valid else None)
-        compile_kernel(key_slots._slots_fwd, dict(meta))
-        compile_kernel(key_slots._slots_bwd_rows, dict(meta, TRUNCATE=True))
+        ones = ("G",) if num_global == 1 else ()
+        compile_kernel(key_slots._slots_fwd, dict(meta), ones)
+        compile_kernel(key_slots._slots_bwd_rows, dict(meta, TRUNCATE=True), ones)
         compile_kernel(key_slots._slots_bwd_global, {
             "D": head_dim, "BLOCK_D": meta["BLOCK_D"], "BLOCK_Q": key_slots.BLOCK_Q,
             "CHUNK": key_slots.GLOBAL_CHUNK, "num_warps": key_slots.NUM_WARPS,
-        })
+        }, ones)
         compile_kernel(key_slots._slots_bwd_keys, {
             "D": head_dim, "BLOCK_D": meta["BLOCK_D"], "BLOCK_K": key_slots.BLOCK_K,
             "HAS_GLOBAL": num_global > 0, "num_warps": key_slots.NUM_WARPS,
-        })
+        }, ones)
     print("compiled")
     """
 )
