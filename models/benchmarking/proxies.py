@@ -97,7 +97,11 @@ def _smart_bird_literal_sampler() -> Iterator[None]:
 
 #: Invariant checks of the kernel layer that read indices on the host on a CPU only (`if device.type == "cpu"`); on
 #: CUDA they issue no op, so their ops are not recorded. `(module, function)` as the kernel dispatch calls them.
-CPU_ONLY_CHECKS = (("attnzoo.kernels.dispatch", "check_gathered"), ("attnzoo.kernels.dispatch", "check_edges"))
+CPU_ONLY_CHECKS = (
+    ("attnzoo.kernels.dispatch", "check_gathered"),
+    ("attnzoo.kernels.dispatch", "check_edges"),
+    ("attnzoo.kernels.dispatch", "check_key_slots"),
+)
 
 
 @contextlib.contextmanager
