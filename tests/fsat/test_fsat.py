@@ -326,6 +326,32 @@ def test_fast_edge_path_equals_dense_masked_reference_forward_and_backward(train
         torch.testing.assert_close(grad, grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_cuda_code_path_equals_the_reference_and_syncs_nothing(monkeypatch):
+    # attention_backend="triton" on CPU tensors runs the CUDA code path under the interpreter: in training with
+    # exploration, padding, duplicates and the global keys' own softmax, the outputs and every parameter's gradient
+    # equal the reference's, and the layer makes the host wait for the device nowhere, forward or backward.
+    from attnzoo.benchmarking.recorder import OpRecorder
+    from attnzoo.kernels import dispatch
+
+    fields = {"num_dominant_indices": 2, "num_random_indices": 2, "num_global_tokens": 2}
+    fast = attention(**fields, attention_backend="triton").train()
+    reference = attention(**fields, attention_backend="reference").train()
+    x, valid = torch.randn(B, N, D), padded_valid()
+    # The kernel layer's index range check reads the slots on the host on a CPU only (none on CUDA).
+    monkeypatch.setattr(dispatch, "check_key_slots", lambda *args: None)
+    recorder = OpRecorder()
+    with recorder:
+        grads_fast = module_grads(fast, x, valid)
+    assert not recorder.total().syncs, dict(recorder.total().syncs)
+    grads_ref = module_grads(reference, x, valid)
+    for name, grad in grads_fast.items():
+        torch.testing.assert_close(grad, grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
+    torch.manual_seed(3)
+    out_fast = fast(x, valid).hidden_states
+    torch.manual_seed(3)
+    torch.testing.assert_close(out_fast, reference(x, valid).hidden_states, rtol=1e-5, atol=1e-6)
+
+
 def test_output_attentions_are_the_weights_applied_to_the_values():
     module = attention().eval()
     x, valid = torch.randn(B, N, D), padded_valid()
