@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from attnzoo.benchmarking.recorder import OpRecorder
 from attnzoo.kernels import key_slot_attention
 from attnzoo.kernels.key_slots import gaussian_confidence, key_slot_edges, key_slot_pair_count
 
@@ -116,25 +116,6 @@ def test_pair_count_counts_each_joined_pair_once():
     assert live.sum() == 3 and rows.tolist() == [2, 0, 0] and cols.tolist() == [1, 1, 1]
 
 
-class _SyncCounter(TorchDispatchMode):
-    """Counts the ops that make the host wait for a CUDA device."""
-
-    SYNCS = {"nonzero", "_local_scalar_dense", "is_nonzero", "_unique2", "unique_dim", "bincount", "masked_select"}
-
-    def __init__(self):
-        super().__init__()
-        self.syncs = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        bool_index = name in ("index", "index_put", "index_put_") and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ())
-        )
-        if name in self.SYNCS or bool_index:
-            self.syncs.append(name)
-        return func(*args, **(kwargs or {}))
-
-
 def test_triton_path_issues_no_host_sync_forward_or_backward(monkeypatch):
     from attnzoo.kernels import dispatch
 
@@ -142,13 +123,13 @@ def test_triton_path_issues_no_host_sync_forward_or_backward(monkeypatch):
     monkeypatch.setattr(dispatch, "check_key_slots", lambda *args: None)
     q, k, v, query, mean, valid = make_slots(padded=True)
     kwargs = {"num_graph_slots": M, "variance": 4.0, "num_global": 2, "key_valid": valid, "truncate": True}
-    with _SyncCounter() as counter:
+    with OpRecorder() as recorder:
         out, pairs = key_slot_attention(q, k, v, query, mean, backend="triton", dropout_p=0.1, training=True, **kwargs)
         (out.sum() + pairs.sum()).backward()
-    assert counter.syncs == []
-    with _SyncCounter() as counter:
+    assert not recorder.total().syncs, dict(recorder.total().syncs)
+    with OpRecorder() as recorder:
         key_slot_attention(q, k, v, query, mean, backend="fast", **kwargs)
-    assert counter.syncs  # the CPU path compacts (the counter does see syncs)
+    assert recorder.total().syncs  # the CPU path compacts (the recorder does see syncs)
 
 
 @pytest.mark.parametrize(
