@@ -333,10 +333,11 @@ def test_cuda_code_path_equals_the_reference_and_syncs_nothing(monkeypatch):
     from attnzoo.benchmarking.recorder import OpRecorder
     from attnzoo.kernels import dispatch
 
-    fields = {"num_dominant_indices": 2, "num_random_indices": 2, "num_global_tokens": 2}
+    # Two heads and one padded example: the interpreter runs one program per query row.
+    fields = {"num_dominant_indices": 2, "num_random_indices": 2, "num_global_tokens": 2, "num_attention_heads": 2}
     fast = attention(**fields, attention_backend="triton").train()
     reference = attention(**fields, attention_backend="reference").train()
-    x, valid = torch.randn(B, N, D), padded_valid()
+    x, valid = torch.randn(1, N, D), padded_valid((9,))
     # The kernel layer's index range check reads the slots on the host on a CPU only (none on CUDA).
     monkeypatch.setattr(dispatch, "check_key_slots", lambda *args: None)
     recorder = OpRecorder()
