@@ -71,12 +71,10 @@ STATUS = {
         },
     ),
     "fsat": Status(
-        164, 308, 30, 0, 3.28, 2.00, 4.56,
+        48, 117, 0, 0, 1.45, 2.00, 3.21,
         over_budget={
-            "ops": "+164 / +308 ops: FFT cross in fp32, edge selection and merging, density",
-            "syncs": "30: boolean compaction of the edges, unique and bincount in edge_density",
-            "saved": "3.28x dense: the FFT cross's fp32 and complex intermediates",
-            "largest": "complex64 (2N, 768) FFT buffer: 2x the FFN activation",
+            "ops": "+48 / +117 ops: the method's projections, the FFT cross and its casts, and their backward",
+            "largest": "complex64 (2N, 768) zero-padded FFT input: 2x the FFN activation",
         },
     ),
     "sbm:fastrg-2%": Status(
