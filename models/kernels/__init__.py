@@ -16,6 +16,7 @@ from .dispatch import (
     edge_attention_reference,
     gathered_attention,
     gathered_attention_reference,
+    interpolated_attention,
     key_slot_attention,
     resolve_backend,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "gated_attention_reference",
     "gathered_attention",
     "gathered_attention_reference",
+    "interpolated_attention",
     "key_slot_attention",
     "resolve_backend",
     "unflatten_heads",

@@ -7,6 +7,9 @@ A family calls one function per primitive and passes its `config.attention_backe
 - [`edge_attention`]: attention along an edge list with a per-row softmax (SBM's sampled graphs, FSAT's predicted
   edges, Sparse Transformer's merged strided pattern);
 - [`dense_attention`]: masked softmax attention over every key (the dense family, dense fallbacks);
+- [`interpolated_attention`]: every query attends to K points at fractional positions offset from itself, each
+  read from its two neighbouring keys (A²-Former); the selection is part of the primitive, so that the Triton
+  implementation computes it inside the kernel.
 - [`key_slot_attention`]: every key names its queries in fixed slots, with Gaussian confidences and separate softmax
   groups (FSAT's predicted and exploration edges and its global keys).
 
@@ -38,6 +41,7 @@ from .dense import dense_masked_attention
 from .dropout import sample_keep_mask
 from .edgelist import check_edges, edge_attention_reference_with_mask, edge_attention_with_mask
 from .gathered import check_gathered, gathered_attention_reference_with_mask, gathered_attention_with_mask
+from .interpolated import check_interpolated, interpolated_attention_torch
 from .key_slots import check_key_slots, key_slot_attention_torch
 
 #: Values of `ZooConfig.attention_backend`.
@@ -189,6 +193,73 @@ def gathered_attention(
 def gathered_attention_reference(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, valid: Tensor | None = None, **kwargs):
     """[`gathered_attention`] with `backend="reference"` (`torch.gather` + einsum, plain autograd)."""
     return gathered_attention(q, k, v, idx, valid, backend="reference", **kwargs)
+
+
+def interpolated_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    offsets: Tensor,
+    *,
+    point_logits: Tensor | None = None,
+    key_valid: Tensor | None = None,
+    causal: bool = False,
+    query_offset: int = 0,
+    position_bound: str = "clamp",
+    num_global: int = 0,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    training: bool = False,
+    keep: Tensor | None = None,
+    backend: str = "fast",
+) -> tuple[Tensor, Tensor]:
+    """Attention of every query over K points at fractional key positions `query + offset`, plus `g` global keys.
+
+    The semantics are those of [`attnzoo.kernels.interpolated`] (bounded positions, two real neighbours per point
+    across holes of the mask, softmax over the K + g slots). The reference and CPU implementations materialise the
+    selection and run gathered attention; the Triton one computes positions, neighbours and weights inside the
+    kernel from the offsets and returns the offsets' gradient from its backward.
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, Nq, d)`): queries.
+        k, v (`torch.Tensor` of shape `(B, H, Nk, d)`): keys and values.
+        offsets (`torch.Tensor` of shape `(B, H, Nq, K)`): offsets in tokens of the K points (differentiable; fp32
+            for the Triton kernels, since fp16 / bf16 cannot hold fractional positions beyond 256).
+        point_logits (`torch.Tensor` of shape `(B, H, Nq, K)`, *optional*): learned slot logits replacing
+            `scale * <q, k~>` (A²-Former's linear weights; a global slot's logit is 0).
+        key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): real keys (padding and holes).
+        causal (`bool`, *optional*, defaults to `False`): points never pass the query itself.
+        query_offset (`int`, *optional*, defaults to 0): absolute index of the first query (cached keys before it).
+        position_bound (`str`, *optional*, defaults to `"clamp"`): `"clamp"` or `"reflect"` at the span's ends.
+        num_global (`int`, *optional*, defaults to 0): the first `g` keys are extra slots of every query.
+        scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
+        dropout_p (`float`, *optional*, defaults to 0.0): dropout on the slot probabilities.
+        training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None.
+        keep (`torch.BoolTensor` of shape `(B, H, Nq, K + g)`, *optional*): dropout keep-mask drawn by the caller.
+        backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
+
+    Returns:
+        The output `(B, H, Nq, d)` in the dtype of the inputs, and the density `(B, H)` (float): distinct keys with
+        weight per query over the sample's real keys, averaged over its real queries that have a key.
+    """
+    check_interpolated(q, k, v, offsets, point_logits, key_valid, num_global, position_bound, query_offset, keep)
+    if keep is None and training and dropout_p > 0.0:
+        keep = sample_keep_mask((*offsets.shape[:3], offsets.shape[3] + num_global), dropout_p, q.device)
+    implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    kwargs = {
+        "point_logits": point_logits,
+        "key_valid": key_valid,
+        "causal": causal,
+        "query_offset": query_offset,
+        "position_bound": position_bound,
+        "num_global": num_global,
+        "scale": scale,
+        "keep": keep,
+        "dropout_p": dropout_p,
+    }
+    if implementation == "triton":
+        return _triton_kernels().interpolated_attention_triton(q, k, v, offsets, **kwargs)
+    return interpolated_attention_torch(q, k, v, offsets, reference=implementation == "reference", **kwargs)
 
 
 def edge_attention(

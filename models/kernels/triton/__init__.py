@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .edgelist import _edge_fwd, edge_attention_triton
 from .gathered import gathered_attention_triton
+from .interpolated import interpolated_attention_triton
 from .key_slots import key_slot_attention_triton
 
 
@@ -17,4 +18,10 @@ def interpreted() -> bool:
     return type(_edge_fwd).__name__ == "InterpretedFunction"
 
 
-__all__ = ["edge_attention_triton", "gathered_attention_triton", "interpreted", "key_slot_attention_triton"]
+__all__ = [
+    "edge_attention_triton",
+    "gathered_attention_triton",
+    "interpolated_attention_triton",
+    "interpreted",
+    "key_slot_attention_triton",
+]
