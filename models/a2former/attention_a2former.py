@@ -128,6 +128,15 @@ class A2FormerAttention(ZooAttention):
             settings["num_global"] = self.global_positions(num_keys)
         return settings
 
+    def with_global_rows(
+        self, out: AttentionOutput, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None
+    ) -> AttentionOutput:
+        """The global queries' rows: [`~attnzoo.kernels.interpolated_attention`] computed them with the method's
+        rows (in its kernels on the fused path); only the returned weights take the shared dense path."""
+        if out.attn_weights is None:
+            return out
+        return super().with_global_rows(out, q, k, v, key_valid)
+
     def attend(
         self,
         q: torch.Tensor,
@@ -166,6 +175,8 @@ class A2FormerAttention(ZooAttention):
                 scale=self.scaling,
                 keep=keep,
                 dropout_p=self.dropout,
+                training=self.training,
+                global_rows=True,  # see `with_global_rows`
                 backend=self.config.attention_backend,
                 **selection,
             )

@@ -207,6 +207,7 @@ def interpolated_attention(
     query_offset: int = 0,
     position_bound: str = "clamp",
     num_global: int = 0,
+    global_rows: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
     training: bool = False,
@@ -232,9 +233,13 @@ def interpolated_attention(
         query_offset (`int`, *optional*, defaults to 0): absolute index of the first query (cached keys before it).
         position_bound (`str`, *optional*, defaults to `"clamp"`): `"clamp"` or `"reflect"` at the span's ends.
         num_global (`int`, *optional*, defaults to 0): the first `g` keys are extra slots of every query.
+        global_rows (`bool`, *optional*, defaults to `False`): also replace the rows of the real global queries (the
+            first `g`, self-attention) by dense attention over every real key, as `ZooAttention.with_global_rows`
+            does; the Triton implementation computes them in its kernels (outside them with dropout in training).
         scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
-        dropout_p (`float`, *optional*, defaults to 0.0): dropout on the slot probabilities.
-        training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None.
+        dropout_p (`float`, *optional*, defaults to 0.0): dropout on the slot probabilities (and the global rows).
+        training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None; dropout on the
+            global rows.
         keep (`torch.BoolTensor` of shape `(B, H, Nq, K + g)`, *optional*): dropout keep-mask drawn by the caller.
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
@@ -242,7 +247,9 @@ def interpolated_attention(
         The output `(B, H, Nq, d)` in the dtype of the inputs, and the density `(B, H)` (float): distinct keys with
         weight per query over the sample's real keys, averaged over its real queries that have a key.
     """
-    check_interpolated(q, k, v, offsets, point_logits, key_valid, num_global, position_bound, query_offset, keep)
+    check_interpolated(
+        q, k, v, offsets, point_logits, key_valid, num_global, position_bound, query_offset, keep, causal, global_rows
+    )
     if keep is None and training and dropout_p > 0.0:
         keep = sample_keep_mask((*offsets.shape[:3], offsets.shape[3] + num_global), dropout_p, q.device)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
@@ -253,9 +260,11 @@ def interpolated_attention(
         "query_offset": query_offset,
         "position_bound": position_bound,
         "num_global": num_global,
+        "global_rows": global_rows,
         "scale": scale,
         "keep": keep,
         "dropout_p": dropout_p,
+        "training": training,
     }
     if implementation == "triton":
         return _triton_kernels().interpolated_attention_triton(q, k, v, offsets, **kwargs)

@@ -5,10 +5,11 @@ The primitive behind A²-Former. Point `s` of query `i` (absolute index `i + que
 keys, and never past the query itself when causal (`"clamp"` stops a point at the ends, `"reflect"` mirrors it back).
 It reads the two real keys around `p`, `i0 <= p <= i1` (holes in the key mask are bridged: the nearest real key on
 either side), mixed with the weights `1 - w1` and `w1`, `w1 = (p - i0) / (i1 - i0)`. The `g` global keys (the first
-`g` positions, `core.global_tokens`) are `g` more slots on integer positions. The slot logits are
-`scale * <q, k~>` (or learned point logits, 0 for the global slots), the softmax runs over the K + g slots of the
-query, dropout multiplies the probabilities, and `out = sum_s p_s v~_s`. Gradients reach q, k, v, the offsets (through
-`w1`) and the point logits. A query without any allowed key outputs zeros.
+`g` positions, `core.global_tokens`) are `g` more slots on integer positions. The slot logits are `scale * <q, k~>`
+(or learned point logits, 0 for the global slots), the softmax runs over the K + g slots of the query, dropout
+multiplies the probabilities, and `out = sum_s p_s v~_s`. Gradients reach q, k, v, the offsets (through `w1`) and the
+point logits. A query without any allowed key outputs zeros. On request the primitive also computes the global
+queries' rows (dense attention over every real key, replacing the method's rows of the real ones).
 
 This module holds the torch implementation, which materialises the selection (`(B, H, Nq, K + g)` neighbour indices
 and weights) and feeds it to gathered attention with two weighted entries per slot: it is the truth the fused Triton
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .dense import dense_masked_attention
 from .gathered import gathered_attention_reference_with_mask, gathered_attention_with_mask
 
 #: How points beyond the allowed keys are brought back (values of `A2FormerConfig.position_bound`).
@@ -39,6 +41,8 @@ def check_interpolated(
     position_bound: str,
     query_offset: int,
     keep: Tensor | None,
+    causal: bool = False,
+    global_rows: bool = False,
 ) -> None:
     """Raise `ValueError` unless the inputs of interpolated attention fit (shape and dtype checks only: no sync)."""
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
@@ -67,6 +71,12 @@ def check_interpolated(
         raise ValueError(f"keep must be bool of shape {slots} (K points + g global slots), got {tuple(keep.shape)}")
     if Nk == 0 and Nq > 0:
         raise ValueError("k and v have no key rows (Nk = 0): interpolated attention needs a key to read")
+    # The global queries are the first `g` tokens of an encoder self-attention: query i is key i.
+    if global_rows and num_global and (causal or query_offset or Nq != Nk):
+        raise ValueError(
+            f"global_rows needs non-causal self-attention (Nq == Nk, query_offset 0), got causal={causal}, "
+            f"Nq={Nq}, Nk={Nk}, query_offset={query_offset}"
+        )
 
 
 def key_span(key_valid: Tensor | None, batch: int, num_keys: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -228,6 +238,31 @@ def interpolated_density(
         return (frac * rows).sum(2) / rows.sum(2).clamp(min=1)
 
 
+def replace_global_rows(
+    out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_valid: Tensor | None,
+    num_global: int,
+    *,
+    scale: float | None,
+    dropout_p: float,
+    training: bool,
+) -> Tensor:
+    """`out` `(B, H, N, d)` with the rows of the real global queries (the first `g`) replaced by dense masked
+    attention over every real key: `ZooAttention.with_global_rows` (`core.global_tokens`) as part of the primitive,
+    so that a fused implementation can compute those rows in its own kernels."""
+    mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
+    rows, _ = dense_masked_attention(
+        q[:, :, :num_global], k, v, mask, dropout_p=dropout_p, scale=scale, training=training
+    )
+    head = rows.to(out.dtype)
+    if key_valid is not None:
+        head = torch.where(key_valid[:, None, :num_global, None], head, out[:, :, :num_global])
+    return torch.cat([head, out[:, :, num_global:]], dim=2)
+
+
 def interpolated_attention_torch(
     q: Tensor,
     k: Tensor,
@@ -240,9 +275,11 @@ def interpolated_attention_torch(
     query_offset: int = 0,
     position_bound: str = "clamp",
     num_global: int = 0,
+    global_rows: bool = False,
     scale: float | None = None,
     keep: Tensor | None = None,
     dropout_p: float = 0.0,
+    training: bool = False,
     reference: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Torch implementation of [`attnzoo.kernels.dispatch.interpolated_attention`] (arguments as there): the slots
@@ -278,4 +315,9 @@ def interpolated_attention_torch(
         logit_bias=None if bias is None else bias.expand(i0.shape),
         dot_product=point_logits is None,
     )
-    return out, interpolated_density(i0, i1, w1, bias, row_valid, key_valid, k.shape[2])
+    density = interpolated_density(i0, i1, w1, bias, row_valid, key_valid, k.shape[2])
+    if global_rows and num_global:
+        out = replace_global_rows(
+            out, q, k, v, key_valid, num_global, scale=scale, dropout_p=dropout_p, training=training
+        )
+    return out, density

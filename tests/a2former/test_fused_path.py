@@ -132,10 +132,10 @@ def test_fused_path_adds_no_sync_and_keeps_no_index_or_fp32_copy(dense_counts, l
         assert not (tensor.dtype == torch.float32 and tensor.numel() >= activation), "an fp32 activation was saved"
 
 
-def test_fused_path_glue_fits_the_op_budget(dense_counts, launches):
-    """The method's own glue (offset projection, density): within the issue's budget over a dense layer. The global
-    query rows (`ZooAttention.with_global_rows`, shared by every family) are counted apart, without global tokens."""
-    forward, both, _ = _count(_model("a2former", 0), launches)
+@pytest.mark.parametrize("num_global_tokens", [0, 1])
+def test_fused_path_glue_fits_the_op_budget(dense_counts, launches, num_global_tokens):
+    """Offset projection, density, global slots and global rows: within the issue's budget over a dense layer."""
+    forward, both, _ = _count(_model("a2former", num_global_tokens), launches)
     dense_forward, dense_both, _ = dense_counts
     extra_forward = forward.ops.total() - dense_forward.ops.total()
     extra_both = both.ops.total() - dense_both.ops.total()

@@ -43,12 +43,16 @@ def _key_valid() -> torch.Tensor:
 
 
 CASES = {
-    "holes-globals": {"num_global": 2},
+    # The global queries' rows: dense in the kernels (sample 0's are real, sample 1's padding keeps the method's).
+    "holes-globals": {"num_global": 2, "global_rows": True},
+    "global-slots-only": {"num_global": 2},
     "causal-after-cache": {"causal": True, "num_queries": 9},  # queries 5..13; sample 1's query 5 sees keys 2..4
     "causal-no-key-yet": {"causal": True, "num_queries": NK},  # sample 1's queries 0 and 1 have no key at all
-    "reflect": {"position_bound": "reflect", "num_global": 1},
-    "linear-logits-dropout": {"point_logits": True, "dropout": True, "num_global": 1},
-    "no-mask-many-blocks": {"mask": False, "num_queries": 37, "num_keys": 40, "num_global": 1},
+    "reflect": {"position_bound": "reflect", "num_global": 1, "global_rows": True},
+    "linear-logits": {"point_logits": True, "num_global": 1, "global_rows": True},  # only the global rows take q
+    # Dropout in training: the global rows' mask comes from the global RNG, as the reference draws it.
+    "linear-logits-dropout": {"point_logits": True, "dropout": True, "num_global": 1, "global_rows": True},
+    "no-mask-many-blocks": {"mask": False, "num_queries": 37, "num_keys": 70, "num_global": 1, "global_rows": True},
 }
 
 
@@ -69,7 +73,7 @@ def _case(name: str, device: str, dtype: torch.dtype = torch.float32, seed: int 
     keep = None
     if spec.pop("dropout", False):
         keep = torch.rand(B, H, num_queries, K + num_global, generator=g) > 0.3
-        spec["dropout_p"] = 0.3
+        spec.update(dropout_p=0.3, training=True)
     grad_out = torch.randn(B, H, num_queries, D, generator=g)
     if spec.pop("mask", True):
         spec["key_valid"] = _key_valid().to(device)
@@ -85,6 +89,7 @@ def _case(name: str, device: str, dtype: torch.dtype = torch.float32, seed: int 
 def _run(leaves, kwargs, grad_out, backend: str):
     """Output, density and the gradient of every input that takes one (`leaves`: q, k, v, offsets, point logits)."""
     q, k, v, offsets, point_logits = leaves
+    torch.manual_seed(0)  # the same dropout on the global rows in every implementation
     out, density = interpolated_attention(q, k, v, offsets, point_logits=point_logits, backend=backend, **kwargs)
     inputs = [t for t in leaves if t is not None]
     grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
@@ -177,12 +182,14 @@ def test_density_counts_distinct_keys_with_weight_and_skips_padded_global_keys(d
         ({"position_bound": "wrap"}, "position_bound must be one of"),
         ({"query_offset": -1}, "query_offset must be non-negative"),
         ({"keep": torch.ones(B, H, NK, K, dtype=torch.bool), "num_global": 1}, r"keep must be bool of shape"),
+        ({"global_rows": True, "num_global": 1, "causal": True}, "global_rows needs non-causal self-attention"),
+        ({"global_rows": True, "num_global": 1, "query_offset": 2}, "global_rows needs non-causal self-attention"),
     ],
 )
 def test_bad_inputs_raise_naming_the_problem(change, match):
     q = torch.randn(B, H, NK, D)
     args = {"offsets": torch.zeros(B, H, NK, K), "point_logits": None, "key_valid": None, "num_global": 0}
-    args.update(position_bound="clamp", query_offset=0, keep=None)
+    args.update(position_bound="clamp", query_offset=0, keep=None, causal=False, global_rows=False)
     args.update(change)
     with pytest.raises(ValueError, match=match):
         check_interpolated(q, q, q, **args)

@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .gathered import _load_rows, _query_block
+from ..interpolated import replace_global_rows
+from .gathered import _load_rows
 from .launch import block_d, check_dtypes, row_strides
 
 
@@ -38,6 +39,17 @@ def _cummax(a, b):
 @triton.jit
 def _cummin(a, b):
     return tl.minimum(a, b)
+
+
+@triton.jit
+def _block(pid, num_heads, num_queries, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program `pid`'s (batch, head) and block of query rows: `bh, b, h, rows, row_ok, dim, dim_ok`; the blocks of
+    one (batch, head) are consecutive, so that they share its keys in L2 (as the gathered kernel's programs)."""
+    blocks = tl.cdiv(num_queries, BLOCK_M)
+    bh = pid // blocks
+    rows = (pid % blocks).to(tl.int32) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    dim = tl.arange(0, BLOCK_D)
+    return bh, bh // num_heads, bh % num_heads, rows, rows < num_queries, dim, dim < D
 
 
 @triton.jit
@@ -164,16 +176,19 @@ def _distinct_keys(
 
 
 @triton.jit
-def _interpolated_fwd(
-    Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, REAL, OUT, LSE, STATS,
+def _points_fwd(
+    pid, Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, REAL, OUT, LSE, STATS,
     num_heads, num_queries, num_keys, query_offset, scale, keep_scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr, P2: tl.constexpr,
     GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
-    DOT: tl.constexpr, HAS_KEEP: tl.constexpr, DENSITY: tl.constexpr,
+    DOT: tl.constexpr, HAS_KEEP: tl.constexpr, DENSITY: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    """One block of queries: their K points and the global slots (the method's own attention)."""
+    bh, b, h, rows, row_ok, dim, dim_ok = _block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    # Rows of real global queries belong to the global-row programs when those run: not stored here.
+    kept_rows = row_ok & ~_replaced(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
     row_mask = row_ok[:, None] & dim_ok[None, :]
     q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
     meta = (rows + query_offset).to(tl.float32)
@@ -221,10 +236,10 @@ def _interpolated_fwd(
     has_mass = row_sum > 0.0
     out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
     o_ptr = OUT + b * so_b + h * so_h + rows64[:, None] * so_n + dim[None, :]
-    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_mask)
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=kept_rows[:, None] & dim_ok[None, :])
     # Empty rows store lse = 0: their recomputed probabilities exp(-inf - 0) are exact zeros in backward.
     lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
-    tl.store(LSE + bh * num_queries + rows, lse, mask=row_ok)
+    tl.store(LSE + bh * num_queries + rows, lse, mask=kept_rows)
     if DENSITY:
         # All points at once as (BLOCK_M, P2) tiles; only the block's sums leave the program.
         lanes = tl.arange(0, P2)
@@ -240,9 +255,91 @@ def _interpolated_fwd(
         real = tl.load(REAL + b).to(tl.float32) if HAS_TABLES else num_keys.to(tl.float32)
         # (B * H * blocks, 2) fp32: the fraction of the sample's keys each counted query reads, summed over the
         # block, and the number of counted queries; the blocks of one (b, h) are consecutive.
-        stats = STATS + tl.program_id(0).to(tl.int64) * 2
+        stats = STATS + pid * 2
         tl.store(stats, tl.sum(tl.where(counted, count.to(tl.float32) / real, 0.0), 0))
         tl.store(stats + 1, tl.sum(counted.to(tl.float32), 0))
+
+
+@triton.jit
+def _replaced(BEFORE, b, num_keys, rows, GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr):
+    """Which rows are real global queries whose output the global-row programs compute (none without them)."""
+    if GLOBAL_ROWS:
+        return (rows < GLOBALS) & _is_real(BEFORE, b, num_keys, tl.minimum(rows, GLOBALS - 1), HAS_TABLES)
+    return rows < 0
+
+
+@triton.jit
+def _global_rows_fwd(
+    bh, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+):  # fmt: skip
+    """The global queries of one (batch, head): dense softmax attention over every real key (online softmax over
+    key tiles), replacing the method's rows for the real ones."""
+    b, h = bh // num_heads, bh % num_heads
+    rows = tl.arange(0, BLOCK_G)
+    real = _replaced(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, real[:, None] & dim_ok[None, :])  # (BLOCK_G, BLOCK_D)
+    row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    for start in range(0, num_keys, BLOCK_N):
+        keys = start + lanes
+        key_ok = keys < num_keys
+        key_ok = key_ok & _is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
+        tile_mask = key_ok[:, None] & dim_ok[None, :]
+        k_tile = _load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
+        v_tile = _load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
+        scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale  # (BLOCK_G, BLOCK_N)
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(row_max, tl.max(scores, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(row_max - shift)
+        p = tl.exp(scores - shift[:, None])
+        row_sum = row_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v_tile, input_precision="ieee")
+        row_max = m_new
+    has_mass = row_sum > 0.0
+    out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
+    o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=real[:, None] & dim_ok[None, :])
+    lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
+    tl.store(LSE + bh * num_queries + rows, lse, mask=real)
+
+
+@triton.jit
+def _interpolated_fwd(
+    Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, REAL, OUT, LSE, STATS,
+    num_heads, num_queries, num_keys, query_offset, scale, keep_scale, global_programs,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr, P2: tl.constexpr,
+    GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
+    DOT: tl.constexpr, HAS_KEEP: tl.constexpr, DENSITY: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # The global-row programs (one per (batch, head)) come first, so that their loops over every key start early
+    # and overlap the thousands of short point programs.
+    pid = tl.program_id(0).to(tl.int64)
+    if pid < global_programs:
+        _global_rows_fwd(
+            pid, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+        )  # fmt: skip
+    else:
+        _points_fwd(
+            pid - global_programs, Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, REAL, OUT, LSE, STATS,
+            num_heads, num_queries, num_keys, query_offset, scale, keep_scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+            sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
+            D, BLOCK_D, BLOCK_M, POINTS, P2, GLOBALS, CAUSAL, REFLECT, HAS_TABLES, DOT, HAS_KEEP, DENSITY,
+            GLOBAL_ROWS,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -253,8 +350,8 @@ def _scatter_rows(DX, stride, keys, grad, mask, dim):
 
 
 @triton.jit
-def _interpolated_bwd(
-    Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF, DLOGIT,
+def _points_bwd(
+    pid, Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF, DLOGIT,
     num_heads, num_queries, num_keys, query_offset, scale, keep_scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
@@ -262,8 +359,12 @@ def _interpolated_bwd(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr,
     GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
     DOT: tl.constexpr, HAS_KEEP: tl.constexpr, NEED_OFFSETS: tl.constexpr, NEED_LOGITS: tl.constexpr,
+    GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    """Backward of one block of queries' points and global slots."""
+    bh, b, h, rows, row_ok, dim, dim_ok = _block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    # A replaced row's method output reaches nothing: no gradient from it, and its dQ is the global programs'.
+    kept_rows = row_ok & ~_replaced(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
     row_mask = row_ok[:, None] & dim_ok[None, :]
     q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)
     do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
@@ -272,7 +373,7 @@ def _interpolated_bwd(
     lse = tl.load(LSE + bh * num_queries + rows, mask=row_ok, other=0.0)
     meta = (rows + query_offset).to(tl.float32)
     lo, hi, live = _span(BEFORE, AFTER, b, num_keys, meta, HAS_TABLES, CAUSAL)
-    live = live & row_ok
+    live = live & kept_rows
     rows64 = rows.to(tl.int64)
     off_base = OFF + b * sp_b + h * sp_h + rows64 * sp_n
     logit_base = LOGIT + b * sl_b + h * sl_h + rows64 * sl_n
@@ -338,9 +439,80 @@ def _interpolated_bwd(
             dq += (grad_s * scale)[:, None] * k_row[None, :]
             grad_k = tl.sum((grad_s * scale)[:, None] * q, 0)
             tl.atomic_add(dk + j * sdk_n + dim, grad_k, mask=dim_ok, sem="relaxed")
-    if DOT:
+    if DOT or GLOBAL_ROWS:  # with point logits, the global rows alone reach q: the other rows' dQ is zero
         dq_ptr = DQ + b * sdq_b + h * sdq_h + rows64[:, None] * sdq_n + dim[None, :]
-        tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
+        tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=kept_rows[:, None] & dim_ok[None, :])
+
+
+@triton.jit
+def _global_rows_bwd(
+    bh, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+    sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+):  # fmt: skip
+    """Backward of the global queries' dense rows of one (batch, head): dQ of those rows, dK / dV of every key."""
+    b, h = bh // num_heads, bh % num_heads
+    rows = tl.arange(0, BLOCK_G)
+    real = _replaced(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    row_mask = real[:, None] & dim_ok[None, :]
+    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_G, BLOCK_D)
+    do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)
+    delta = tl.sum(do * _load_rows(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
+    lse = tl.load(LSE + bh * num_queries + rows, mask=real, other=0.0)
+    dk = DK + b * sdk_b + h * sdk_h
+    dv = DV + b * sdk_b + h * sdk_h
+    dq = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    for start in range(0, num_keys, BLOCK_N):
+        keys = start + lanes
+        key_ok = keys < num_keys
+        key_ok = key_ok & _is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
+        tile_mask = key_ok[:, None] & dim_ok[None, :]
+        k_tile = _load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
+        v_tile = _load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
+        scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale  # (BLOCK_G, BLOCK_N)
+        p = tl.where(real[:, None] & key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
+        grad_p = tl.dot(do, tl.trans(v_tile), input_precision="ieee")
+        grad_s = p * (grad_p - delta[:, None]) * scale
+        dq += tl.dot(grad_s, k_tile, input_precision="ieee")
+        _scatter_rows(dk, sdk_n, keys, tl.dot(tl.trans(grad_s), q, input_precision="ieee"), tile_mask, dim)
+        _scatter_rows(dv, sdk_n, keys, tl.dot(tl.trans(p), do, input_precision="ieee"), tile_mask, dim)
+    dq_ptr = DQ + b * sdq_b + h * sdq_h + rows[:, None].to(tl.int64) * sdq_n + dim[None, :]
+    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _interpolated_bwd(
+    Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF, DLOGIT,
+    num_heads, num_queries, num_keys, query_offset, scale, keep_scale, global_programs,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+    sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
+    sdp_b, sdp_h, sdp_n, sdp_k,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr,
+    GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
+    DOT: tl.constexpr, HAS_KEEP: tl.constexpr, NEED_OFFSETS: tl.constexpr, NEED_LOGITS: tl.constexpr,
+    GLOBAL_ROWS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    if pid < global_programs:  # first, as in the forward
+        _global_rows_bwd(
+            pid, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+            sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+        )  # fmt: skip
+    else:
+        _points_bwd(
+            pid - global_programs, Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF,
+            DLOGIT, num_heads, num_queries, num_keys, query_offset, scale, keep_scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+            sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
+            sdp_b, sdp_h, sdp_n, sdp_k, D, BLOCK_D, BLOCK_M, POINTS, GLOBALS, CAUSAL, REFLECT, HAS_TABLES,
+            DOT, HAS_KEEP, NEED_OFFSETS, NEED_LOGITS, GLOBAL_ROWS,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -354,6 +526,7 @@ class _Selection:
     scale: float
     keep_scale: float
     density: bool
+    global_rows: bool  # the global queries' dense rows are computed in the kernels
 
 
 def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_logits, keep) -> dict:
@@ -371,6 +544,10 @@ def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_l
         "HAS_TABLES": before is not None,
         "DOT": point_logits is None,
         "HAS_KEEP": keep is not None,
+        "GLOBAL_ROWS": selection.global_rows,
+        # The global rows' programs: up to 16 queries (tl.dot's smallest tile) against key tiles of 64.
+        "BLOCK_G": 16,
+        "BLOCK_N": 64,
     }
 
 
@@ -390,12 +567,13 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
         lse = torch.empty(B * H * Nq, dtype=torch.float32, device=q.device)
         meta = _meta(D, num_points, selection, before, point_logits, keep)
         blocks = triton.cdiv(Nq, meta["BLOCK_M"]) * B * H
+        global_programs = B * H if selection.global_rows else 0
         stats = torch.empty(blocks if selection.density else 0, 2, dtype=torch.float32, device=q.device)
         if blocks > 0:
-            _interpolated_fwd[(blocks,)](
+            _interpolated_fwd[(global_programs + blocks,)](
                 q, k, v, offsets, _or(point_logits, offsets), _or(keep, offsets), _or(before, offsets),
                 _or(after, offsets), _or(real, offsets), out, lse, stats,
-                H, Nq, k.shape[2], selection.query_offset, selection.scale, selection.keep_scale,
+                H, Nq, k.shape[2], selection.query_offset, selection.scale, selection.keep_scale, global_programs,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
                 *offsets.stride(), *_strides4(point_logits, offsets),
                 P2=max(2, triton.next_power_of_2(num_points)), DENSITY=selection.density, **meta,
@@ -421,20 +599,22 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
             grad_out = grad_out.contiguous()
         need_offsets = ctx.needs_input_grad[3]
         need_logits = not dot and ctx.needs_input_grad[4]
-        # One zero-filled fp32 buffer for the atomics of dK (with dot products) and dV, cast once at the end;
+        reads_q = dot or selection.global_rows  # with point logits, only the global rows take q . k
+        # One zero-filled fp32 buffer for the atomics of dK (when q . k is taken) and dV, cast once at the end;
         # (B, Nk, H, d) in memory like the projections' outputs, so that their backward merges heads without a copy.
-        dkv = torch.zeros(2 if dot else 1, B, Nk, H, D, dtype=torch.float32, device=q.device)
-        dq = torch.empty_like(q) if dot else None
+        dkv = torch.zeros(2 if reads_q else 1, B, Nk, H, D, dtype=torch.float32, device=q.device)
+        dq = torch.empty_like(q) if reads_q else None
         doff = torch.empty_like(offsets, dtype=torch.float32) if need_offsets else None
         dlogits = torch.empty_like(offsets, dtype=torch.float32) if need_logits else None
         meta = _meta(D, offsets.shape[3], selection, before, point_logits, keep)
         blocks = triton.cdiv(Nq, meta["BLOCK_M"]) * B * H
+        global_programs = B * H if selection.global_rows else 0
         if blocks > 0:
-            _interpolated_bwd[(blocks,)](
+            _interpolated_bwd[(global_programs + blocks,)](
                 q, k, v, offsets, _or(point_logits, offsets), _or(keep, offsets), _or(before, offsets),
                 _or(after, offsets), out, grad_out, lse,
                 _or(dq, q), dkv[0], dkv[-1], _or(doff, offsets), _or(dlogits, offsets),
-                H, Nq, Nk, selection.query_offset, selection.scale, selection.keep_scale,
+                H, Nq, Nk, selection.query_offset, selection.scale, selection.keep_scale, global_programs,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out), *row_strides(grad_out),
                 *row_strides(_or(dq, q)), *row_strides(dkv[0].transpose(1, 2)), *offsets.stride(),
                 *_strides4(point_logits, offsets),
@@ -448,7 +628,7 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
             doff = doff.to(offsets.dtype)
         if dlogits is not None and dlogits.dtype != point_logits.dtype:
             dlogits = dlogits.to(point_logits.dtype)
-        return dq, dkv[0] if dot else None, dkv[-1], doff, dlogits, None, None, None, None, None
+        return dq, dkv[0] if reads_q else None, dkv[-1], doff, dlogits, None, None, None, None, None
 
 
 def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
@@ -482,13 +662,19 @@ def interpolated_attention_triton(
     query_offset: int = 0,
     position_bound: str = "clamp",
     num_global: int = 0,
+    global_rows: bool = False,
     scale: float | None = None,
     keep: Tensor | None = None,
     dropout_p: float = 0.0,
+    training: bool = False,
     density: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Triton implementation of [`attnzoo.kernels.dispatch.interpolated_attention`] (arguments as there, checked
     there). q, k and v share one dtype among fp32, bf16 and fp16; the offsets and point logits are fp32.
+
+    The global queries' dense rows run in the kernels (one extra program per (batch, head), started first), except
+    with dropout in training, whose mask on the rows must come from the global RNG as the reference draws it, and
+    beyond 16 global tokens: then [`~attnzoo.kernels.interpolated.replace_global_rows`] follows the kernel.
 
     Returns:
         The output `(B, H, Nq, d)` in the dtype of the inputs and the density `(B, H)` (None without `density`).
@@ -506,6 +692,7 @@ def interpolated_attention_triton(
         before, after, real = key_tables(key_valid)
     if keep is not None:
         keep = keep.contiguous().view(torch.uint8)
+    fused_rows = global_rows and 0 < num_global <= 16 and not (training and dropout_p > 0.0)
     selection = _Selection(
         num_global=num_global,
         causal=causal,
@@ -514,10 +701,14 @@ def interpolated_attention_triton(
         scale=scale,
         keep_scale=0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p),
         density=density,
+        global_rows=fused_rows,
     )
     out, stats = InterpolatedAttentionTriton.apply(
         q, k, v, offsets, point_logits, keep, before, after, real, selection
     )
+    if global_rows and num_global and not fused_rows:
+        rows = {"scale": scale, "dropout_p": dropout_p, "training": training}
+        out = replace_global_rows(out, q, k, v, key_valid, num_global, **rows)
     if not density:
         return out, None
     sums = stats.view(B, q.shape[1], -1, 2).sum(2)  # (B, H, 2): over the blocks of queries of each (b, h)
