@@ -1,7 +1,8 @@
 """A²-Former family (`model_type="a2former"`), registered with the Auto classes on import.
 
 Also provides [`interpolated_attention_reference`], the dense reference of attention over K points at fractional key
-positions (the fast paths are [`attnzoo.kernels.gathered_attention`] with two weighted entries per slot).
+positions (the fast paths are [`attnzoo.kernels.interpolated_attention`]: one fused Triton kernel per pass on
+CUDA, gathered attention with two weighted entries per slot on CPU).
 """
 
 from ..registry import Family, register_family

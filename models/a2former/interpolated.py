@@ -1,11 +1,11 @@
 """Dense reference of interpolated attention: every query attends to K points at fractional key positions.
 
 Point `s` of query `n` reads the two neighbouring keys `i0`, `i1` mixed with weights `(1 - w1, w1)`:
-`k~ = (1 - w1) k[i0] + w1 k[i1]` and likewise `v~`. The fast paths compute this as gathered attention with two
-weighted entries per slot ([`attnzoo.kernels.gathered_attention`]: CSR SDDMM / SpMM on CPU, a Triton kernel on
-CUDA), without materialising any interpolated tensor. [`interpolated_attention_reference`] builds the dense
-interpolation matrix instead: the plain-autograd truth, and the source of the dense attention weights that
-`output_attentions=True` returns.
+`k~ = (1 - w1) k[i0] + w1 k[i1]` and likewise `v~`. The fast paths ([`attnzoo.kernels.interpolated_attention`])
+compute this without materialising any interpolated tensor: on CPU as gathered attention with two weighted entries
+per slot (CSR SDDMM / SpMM), on CUDA as one fused Triton kernel per pass that derives the positions from the
+offsets. [`interpolated_attention_reference`] builds the dense interpolation matrix instead: the plain-autograd truth,
+and the source of the dense attention weights that `output_attentions=True` returns.
 """
 
 from __future__ import annotations
