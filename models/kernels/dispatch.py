@@ -234,8 +234,9 @@ def interpolated_attention(
         position_bound (`str`, *optional*, defaults to `"clamp"`): `"clamp"` or `"reflect"` at the span's ends.
         num_global (`int`, *optional*, defaults to 0): the first `g` keys are extra slots of every query.
         global_rows (`bool`, *optional*, defaults to `False`): also replace the rows of the real global queries (the
-            first `g`, self-attention) by dense attention over every real key, as `ZooAttention.with_global_rows`
-            does; the Triton implementation computes them in its kernels (outside them with dropout in training).
+            first `g`: not causal, `query_offset` 0) by dense attention over every real key, as
+            `ZooAttention.with_global_rows` does; the Triton implementation computes them in its kernels (outside
+            them with dropout in training).
         scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
         dropout_p (`float`, *optional*, defaults to 0.0): dropout on the slot probabilities (and the global rows).
         training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None; dropout on the

@@ -71,11 +71,11 @@ def check_interpolated(
         raise ValueError(f"keep must be bool of shape {slots} (K points + g global slots), got {tuple(keep.shape)}")
     if Nk == 0 and Nq > 0:
         raise ValueError("k and v have no key rows (Nk = 0): interpolated attention needs a key to read")
-    # The global queries are the first `g` tokens of an encoder self-attention: query i is key i.
-    if global_rows and num_global and (causal or query_offset or Nq != Nk):
+    # The global queries are the first `g` tokens of an encoder self-attention: query i is key i, and all g are there.
+    if global_rows and num_global and (causal or query_offset or Nq < num_global):
         raise ValueError(
-            f"global_rows needs non-causal self-attention (Nq == Nk, query_offset 0), got causal={causal}, "
-            f"Nq={Nq}, Nk={Nk}, query_offset={query_offset}"
+            f"global_rows needs non-causal queries from key 0 on (query_offset 0), at least num_global = {num_global} "
+            f"of them, got causal={causal}, query_offset={query_offset}, Nq={Nq}"
         )
 
 

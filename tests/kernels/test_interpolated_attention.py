@@ -182,8 +182,8 @@ def test_density_counts_distinct_keys_with_weight_and_skips_padded_global_keys(d
         ({"position_bound": "wrap"}, "position_bound must be one of"),
         ({"query_offset": -1}, "query_offset must be non-negative"),
         ({"keep": torch.ones(B, H, NK, K, dtype=torch.bool), "num_global": 1}, r"keep must be bool of shape"),
-        ({"global_rows": True, "num_global": 1, "causal": True}, "global_rows needs non-causal self-attention"),
-        ({"global_rows": True, "num_global": 1, "query_offset": 2}, "global_rows needs non-causal self-attention"),
+        ({"global_rows": True, "num_global": 1, "causal": True}, "global_rows needs non-causal queries"),
+        ({"global_rows": True, "num_global": 1, "query_offset": 2}, "global_rows needs non-causal queries"),
     ],
 )
 def test_bad_inputs_raise_naming_the_problem(change, match):
