@@ -25,13 +25,40 @@ from .configuration_smart_bird import SmartBirdConfig
 
 #: sketch tasks, one per head: the labels each head receives define the sketch's loss
 SKETCH_TASKS = ("classification", "masked_lm", "seq2seq")
+#: SDPA's FlashAttention and memory-efficient kernels on CUDA take head sizes that are multiples of 8 (bf16, fp16);
+#: any other size falls back to the math kernel, which builds the whole (N, N) score matrix.
+SDPA_HEAD_ALIGNMENT = 8
+
+
+def aligned_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` with the head size zero-padded to a multiple of [`SDPA_HEAD_ALIGNMENT`].
+
+    Exact: zero coordinates add nothing to `<q, k>`, the scale stays `d ** -0.5` of the real size `d`, and the
+    padded value coordinates are outputs of zero that are cut off again (their gradient is cut off with them).
+
+    Args:
+        q, k, v (`torch.Tensor` of shape `(B, heads, N, d)`): queries, keys and values.
+        attn_mask (`torch.BoolTensor` broadcastable to `(B, heads, N, N)`, *optional*): `True` means "may attend".
+
+    Returns:
+        `torch.Tensor` of shape `(B, heads, N, d)`.
+    """
+    d = q.shape[-1]
+    pad = -d % SDPA_HEAD_ALIGNMENT
+    if pad:
+        q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=d**-0.5)
+    return out[..., :d] if pad else out
 
 
 class SketchLayer(nn.Module):
     """Post-norm Transformer layer of width `sketch_hidden_size` with a single attention head.
 
-    Its own attention runs through SDPA (O(N) memory); the layer also returns its queries and keys, from which the
-    main layer's sampler recomputes the sketch weights row chunk by row chunk without gradient.
+    Its own attention runs through SDPA (O(N) memory: its head size padded to a multiple of 8, see
+    [`aligned_attention`]); the layer also returns its queries and keys, from which the main layer's sampler
+    recomputes the sketch weights without gradient.
     """
 
     def __init__(self, config: SmartBirdConfig):
@@ -56,7 +83,7 @@ class SketchLayer(nn.Module):
             # The returned q and k are the rotated ones: the sampler's sketch weights must be the sketch's own.
             q, k = apply_rotary(q[:, None]).squeeze(1), apply_rotary(k[:, None]).squeeze(1)
         mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
-        attn = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask).squeeze(1)
+        attn = aligned_attention(q[:, None], k[:, None], v[:, None], mask).squeeze(1)  # (B, N, d)
         if key_valid is not None:
             # A sample without any real token has no valid key: make its rows zeros rather than backend-dependent.
             attn = attn.masked_fill(~key_valid.any(-1)[:, None, None], 0.0)
