@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -117,6 +118,18 @@ def resolve_backend(backend: str, device: torch.device, *dtypes: torch.dtype) ->
             f"got {sorted(map(str, dtypes))}."
         )
     return "triton"
+
+
+def attentive_sampler(backend: str, device: torch.device) -> Callable[..., tuple[Tensor, Tensor]] | None:
+    """Smart Bird's fused attentive sampler (`attentive_sample_triton`) where `backend` runs the Triton kernels on
+    `device`, else `None`: the caller then runs its torch sampler (`attnzoo.smart_bird.sampling`).
+
+    Raises:
+        ValueError: as [`resolve_backend`] (e.g. `"triton"` on CPU without the interpreter).
+    """
+    if resolve_backend(backend, device, torch.float32) != "triton":
+        return None
+    return _triton_kernels().attentive_sample_triton
 
 
 def gathered_attention(

@@ -8,7 +8,7 @@ from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import append_global_slots
 from ..kernels import gathered_attention
 from .configuration_smart_bird import SmartBirdConfig
-from .sampling import sample_keys
+from .sampling import resolve_sampling_method, sample_keys
 
 
 def sampled_length(key_valid: torch.Tensor) -> int:
@@ -22,13 +22,15 @@ class SmartBirdAttention(ZooAttention):
 
     Selection: the encoder hands this module its sketch layer's queries and keys (`self.sketch`, set before every
     forward); [`~attnzoo.smart_bird.sampling.sample_keys`] draws each head's keys independently (exactly the
-    paper's law, without an `H x N x N` noise tensor). Compute: [`~attnzoo.kernels.gathered_attention`] on the
+    paper's law, without an `H x N x N` noise tensor: thinning on the CPU, the counter sampler's Triton kernel where
+    the attention runs Triton, `config.sampling_method`). Compute: [`~attnzoo.kernels.gathered_attention`] on the
     selected keys, whose implementation `attention_backend` picks (reference, CPU CSR path or Triton); with
     `output_attentions=True`, the dense masked reference over the same keys returns the weights.
 
     Training draws from the global torch RNG (gradient checkpointing restores it, so the re-run selects the same
     keys); eval draws, for every sample separately, from a generator seeded with `sampling_seed + layer_idx` (so a
-    text's keys do not depend on the rest of its batch), or takes the top-K sketch weights (`eval_sampling="topk"`).
+    text's keys do not depend on the rest of its batch; the counter sampler gives every example the same counters
+    under that seed instead), or takes the top-K sketch weights (`eval_sampling="topk"`).
     Used on its own, without a sketch, every real key has the same sketch weight. The auxiliary loss of the family
     is the sketch network's, added by the encoder.
     """
@@ -55,9 +57,16 @@ class SmartBirdAttention(ZooAttention):
         seeded = not self.training and self.config.eval_sampling == "sample"
         if not self.training and self.config.eval_sampling == "topk":
             function = "topk"
+        method = resolve_sampling_method(self.config.sampling_method, q.device, self.config.attention_backend)
         with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
+            if method == "counter":
+                # Counter noise is a function of (seed, example, head, query, key): in eval every example takes the
+                # counters of example 0 under the layer's seed, so its keys depend neither on the rest of the batch
+                # nor on its padding, in one call for the whole batch (no per-example loop, no length sync).
+                seed = self.config.sampling_seed + self.layer_idx if seeded else None
+                return self._sample(sketch, key_valid, H, function, None, method, seed, per_example=not seeded)
             if not seeded:
-                return self._sample(sketch, key_valid, H, function, None)
+                return self._sample(sketch, key_valid, H, function, None, method)
             # Eval: every example draws from its own generator with the same seed, over its own length (up to its
             # last real token), so its keys depend neither on the rest of the batch nor on how far the batch pads it.
             idx = torch.zeros(B, H, N, min(self.config.num_samples, N), dtype=torch.long, device=q.device)
@@ -72,12 +81,13 @@ class SmartBirdAttention(ZooAttention):
                     H,
                     function,
                     torch.Generator(device=q.device).manual_seed(self.config.sampling_seed + self.layer_idx),
+                    method,
                 )  # (1, H, length, min(K, length)); the padded rows past `length` attend to nothing
                 idx[b, :, :length, : part_idx.shape[-1]] = part_idx[0]
                 valid[b, :, :length, : part_idx.shape[-1]] = part_valid[0]
             return idx, valid
 
-    def _sample(self, sketch, key_valid, num_heads, function, generator):
+    def _sample(self, sketch, key_valid, num_heads, function, generator, method, seed=None, per_example=True):
         return sample_keys(
             sketch[0].detach(),
             sketch[1].detach(),
@@ -86,6 +96,10 @@ class SmartBirdAttention(ZooAttention):
             num_samples=self.config.num_samples,
             function=function,
             generator=generator,
+            method=method,
+            seed=seed,
+            per_example=per_example,
+            backend=self.config.attention_backend,
         )
 
     # A compiler boundary: the gathered kernel's custom autograd Function breaks dynamo's automatic-dynamic shapes

@@ -10,6 +10,8 @@ from ..core.configuration import SparseZooConfig
 #: Sampling score functions of the paper's Figure 4 (first = the paper's method).
 SAMPLING_FUNCTIONS = ("squared_inverse_log", "inverse_log", "raw", "topk", "random")
 EVAL_SAMPLING_MODES = ("sample", "topk")
+#: How the keys are drawn (`attnzoo.smart_bird.sampling.sample_keys`): the same law, different random streams.
+SAMPLING_METHODS = ("auto", "counter", "thinning", "literal")
 
 
 @strict
@@ -54,6 +56,15 @@ class SmartBirdConfig(SparseZooConfig):
         sampling_seed (`int`, *optional*, defaults to 0):
             Seed of the eval-mode sampling generator. Training samples from the global torch RNG, so gradient
             checkpointing replays the same keys.
+        sampling_method (`str`, *optional*, defaults to `"auto"`):
+            How the keys are drawn; every method draws from the paper's law, but each from its own random stream:
+            `"counter"` (noise per (example, head, query, key) from a counter-based generator, drawn inside a Triton
+            kernel only for the keys that can still be selected; its torch reference with
+            `attention_backend="reference"` or without Triton), `"thinning"` (exact thinning on the torch generator,
+            the fastest on a CPU), `"literal"` (torch noise for every pair) or `"auto"`: `"counter"` where the
+            attention runs Triton kernels (CUDA, or `attention_backend="triton"`) or off the CPU, `"thinning"` on the
+            CPU. Under `"counter"`, evaluation draws one batch at once from the seed `sampling_seed` plus the layer
+            index, every example with the counters of the first (so, again, its keys do not depend on its batch).
 
     Example:
 
@@ -76,6 +87,7 @@ class SmartBirdConfig(SparseZooConfig):
     sketch_freeze: bool = False
     eval_sampling: str = "sample"
     sampling_seed: int = 0
+    sampling_method: str = "auto"
 
     def check_zoo_fields(self) -> None:
         super().check_zoo_fields()
@@ -97,6 +109,8 @@ class SmartBirdConfig(SparseZooConfig):
             raise ValueError(f"`eval_sampling` must be one of {EVAL_SAMPLING_MODES}, got {self.eval_sampling!r}.")
         if self.sketch_loss_weight < 0:
             raise ValueError(f"`sketch_loss_weight` must be >= 0, got {self.sketch_loss_weight}.")
+        if self.sampling_method not in SAMPLING_METHODS:
+            raise ValueError(f"`sampling_method` must be one of {SAMPLING_METHODS}, got {self.sampling_method!r}.")
         if self.sampling_seed < 0:
             raise ValueError(f"`sampling_seed` must be >= 0, got {self.sampling_seed}.")
 

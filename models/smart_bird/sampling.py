@@ -20,6 +20,13 @@ noise only where it can matter:
 3. *Full fallback* (rare): the remaining rows get fresh noise for every key, *conditioned* on what was already
    revealed (memorylessness of Exp: a key known to score below `t` scores `min(c, t) - E'`), so the result is an
    exact draw from the literal sampler's law, never a biased redraw.
+
+Thinning sizes its tensors from the data (host synchronisations), which costs more than the noise on a GPU. There
+the *counter* sampler runs (`attnzoo.smart_bird.counter_sampling`): its randomness is a pure function of a seed and
+counters (`attnzoo.smart_bird.philox`), so a Triton kernel (`attnzoo.kernels.triton.sampling`) draws only what it
+needs, about K proposal events per row when the sketch is flat and key tiles whose bound can still win otherwise,
+and keeps each row's top K on chip: no `(N, N)` tensor and no synchronisation. Its plain torch reference draws the
+same numbers into whole tensors, row chunk by chunk.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ import math
 
 import torch
 from torch import Tensor
+
+from ..kernels.dispatch import attentive_sampler
+from .configuration_smart_bird import SAMPLING_METHODS
+from .counter_sampling import counter_sample_rows, example_lengths, proposal_budget
 
 #: exponent `gamma` of `p = (-1 / log alpha) ** gamma` per sampling function (`raw` uses `p = alpha`).
 _EXPONENTS = {"squared_inverse_log": 2.0, "inverse_log": 1.0}
@@ -38,18 +49,20 @@ _NEG_INF = float("-inf")
 _FLAT_SPREAD = 0.3
 #: thinning rounds before the full fallback; the expected band size grows 4x per round.
 _ROUNDS = 3
-#: `method="auto"`: the thinning sampler where noise draws dominate (CPU), the literal one where host synchronisation
-#: does. Thinning sizes its tensors from the data (`nonzero`, `int`, `bool` on device values), about ten host syncs
-#: per chunk of rows, the probable cause of what an H100 measured with it: 1,950 ms for one forward pass of the whole
+#: `method="auto"`: the counter sampler where the attention runs Triton kernels or off the CPU, thinning on the CPU.
+#: Thinning sizes its tensors from the data (`nonzero`, `int`, `bool` on device values), about ten host syncs per
+#: chunk of rows, the probable cause of what an H100 measured with it: 1,950 ms for one forward pass of the whole
 #: model at N = 16,384 (2 layers, width 256, bf16; dense SDPA 3.2 ms; the speed-memory study, GPU run of
-#: 2026-11-26 on an H100). The
-#: literal sampler is a fixed chain of kernels without a sync: 57.9 ms for the same pass on an H200
-#: (`scripts/experiments/speed-memory/results/gpu-2026-11-26-h200/`).
-SAMPLING_METHODS = ("auto", "thinning", "literal")
+#: 2026-11-26 on an H100). The literal sampler (the CUDA default before the counter sampler) is a fixed chain of
+#: kernels without a sync, but writes `H x N x N` noise per layer: 57.9 ms for the same pass on an H200
+#: (`scripts/experiments/speed-memory/results/gpu-2026-11-26-h200/`), about 75 ms per layer at base size.
 #: default `chunk_elements` per device type: the literal path's noise chunk is `(B, H, R, N)` fp32, so CUDA takes
-#: 256 MB chunks (few kernel launches) and the CPU 16 MB ones (cache-sized).
+#: 256 MB chunks (few kernel launches) and the CPU 16 MB ones (cache-sized). The counter sampler's torch reference
+#: holds several int64 words per noise element while it draws them: it takes the small chunks everywhere.
 _CHUNK_ELEMENTS_CPU = 2**22
 _CHUNK_ELEMENTS_ACCELERATOR = 2**26
+#: counter seeds are drawn in `[0, 2**62)` (any int64 is a valid Philox key; this keeps them non-negative)
+_SEED_RANGE = 2**62
 
 
 # The random keys stay fp32 whatever the autocast dtype: bf16 keeps 8 bits of mantissa, so keys would tie often and
@@ -106,6 +119,25 @@ def sample_keys_reference(bounds: Tensor, num_samples: int, noise: Tensor) -> tu
     return idx, vals > _NEG_INF
 
 
+def resolve_sampling_method(method: str, device: torch.device, backend: str = "fast") -> str:
+    """The sampler `method` stands for on `device` under `attention_backend=backend` (`"auto"` resolved).
+
+    `"auto"` is the counter sampler wherever the attention runs the Triton kernels (CUDA; `backend="triton"` under
+    the CPU interpreter) or off the CPU, and thinning on the CPU (the fastest there). The law is the same; the random
+    stream differs between methods, so two backends draw the same keys only under the same method.
+
+    Raises:
+        ValueError: unknown method, or a backend [`~attnzoo.kernels.resolve_backend`] refuses on `device`.
+    """
+    if method not in SAMPLING_METHODS:
+        raise ValueError(f"sample_keys: `method` must be one of {SAMPLING_METHODS}, got {method!r}.")
+    if method != "auto":
+        return method
+    if device.type != "cpu" or attentive_sampler(backend, device) is not None:
+        return "counter"
+    return "thinning"
+
+
 def sample_keys(
     q_s: Tensor,
     k_s: Tensor,
@@ -119,11 +151,14 @@ def sample_keys(
     num_candidates: int | None = None,
     chunk_elements: int | None = None,
     method: str = "auto",
+    seed: int | Tensor | None = None,
+    per_example: bool = True,
+    backend: str = "fast",
 ) -> tuple[Tensor, Tensor]:
     """Independent per-head attentive token sampling from single-head sketch queries and keys.
 
     Memory stays at `O(chunk_elements)` beyond the output: rows are processed in chunks and no `(H, N, N)` tensor
-    is built once `N > 2 * num_candidates`.
+    is built once `N > 2 * num_candidates` (thinning); the counter sampler's kernel holds key tiles only.
 
     Args:
         q_s (`torch.Tensor` of shape `(B, N, d)`): sketch queries (detached).
@@ -133,36 +168,51 @@ def sample_keys(
         num_samples (`int`): keys per query and head (K); `min(K, N)` slots are returned.
         function (`str`): `"squared_inverse_log"`, `"inverse_log"`, `"raw"`, `"random"` or `"topk"` (the K
             largest sketch weights, identical for every head).
-        generator (`torch.Generator`, *optional*): source of randomness; `None` uses the global torch RNG.
+        generator (`torch.Generator`, *optional*): source of randomness (the counter sampler draws its seed from
+            it, on the inputs' device); `None` uses the global torch RNG.
         noise (`torch.Tensor` of shape `(B, H, N, N)`, *optional*): the literal sampler's `E ~ Exp(1)`; when
             given, the result is identical to [`sample_keys_reference`] with this noise (used by tests).
         num_candidates (`int`, *optional*): head size `M` of the exact fast path (default `max(4 K, min(256, N / 8))`).
         chunk_elements (`int`, *optional*): rows per chunk are chosen so that a chunk's logits (literal path: its
             noise) hold about this many elements; defaults to `2**22` on the CPU and `2**26` on an accelerator.
         method (`str`, *optional*, defaults to `"auto"`): `"thinning"` (the exact fast path above), `"literal"`
-            (noise for every key, [`sample_keys_reference`] chunk by chunk) or `"auto"`: thinning on the CPU,
-            literal elsewhere (thinning's host synchronisations cost more than the noise on a GPU). The law is
-            the same.
+            (noise for every key from the torch generator, [`sample_keys_reference`] chunk by chunk), `"counter"`
+            (counter noise per (example, head, query, key): the Triton kernel where `backend` runs Triton, else the
+            literal sampler on that noise) or `"auto"` ([`resolve_sampling_method`]). The law is the same.
+        seed (`int` or `torch.LongTensor` of shape `(1,)`, *optional*): the counter sampler's seed; `None` draws one
+            from `generator` (a device tensor: no host synchronisation).
+        per_example (`bool`, *optional*, defaults to `True`): counter sampler only: the example index is part of
+            the counter; `False` gives every example the noise of example 0, so its keys depend on it alone.
+        backend (`str`, *optional*, defaults to `"fast"`): the attention backend, which picks the counter sampler's
+            implementation and the `"auto"` method.
 
     Returns:
         `(idx, valid)`: `torch.LongTensor` and `torch.BoolTensor` of shape `(B, H, N, min(K, N))`. Slots without a
         real key (fewer than K real keys) have `valid == False`.
     """
+    device = q_s.device
+    method = resolve_sampling_method(method, device, backend)
+    if method == "counter":
+        if seed is None and noise is None and function != "topk":
+            seed = torch.randint(_SEED_RANGE, (1,), device=device, generator=generator)
+        elif isinstance(seed, int):
+            seed = torch.full((1,), seed, dtype=torch.long, device=device)
+        kernel = attentive_sampler(backend, device)
+        if kernel is not None:
+            kw = {"num_heads": num_heads, "num_samples": num_samples, "function": function, "noise": noise}
+            budget = proposal_budget(min(num_samples, q_s.shape[1]))
+            return kernel(q_s, k_s, key_valid, seed=seed, num_proposals=budget, per_example=per_example, **kw)
     # fp32 sketch logits: the law depends on logit differences, and bf16 loses those below 1/256 of the logits.
     q_s, k_s = q_s.float(), k_s.float()
     B, N, _ = q_s.shape
     H, K = num_heads, min(num_samples, N)
     M = num_candidates if num_candidates is not None else max(4 * K, min(256, N // 8))
-    device = q_s.device
-    if method not in SAMPLING_METHODS:
-        raise ValueError(f"sample_keys: `method` must be one of {SAMPLING_METHODS}, got {method!r}.")
-    on_cpu = device.type == "cpu"
-    if method == "auto":
-        method = "thinning" if on_cpu else "literal"
     if chunk_elements is None:
+        on_cpu = device.type == "cpu" or method == "counter"
         chunk_elements = _CHUNK_ELEMENTS_CPU if on_cpu else _CHUNK_ELEMENTS_ACCELERATOR
     idx = torch.empty(B, H, N, K, dtype=torch.long, device=device)
     valid = torch.empty(B, H, N, K, dtype=torch.bool, device=device)
+    lengths = example_lengths(key_valid, B, N, device) if method == "counter" else None
     fast = function != "topk" and method == "thinning" and N > 2 * M
     # The literal path holds (B, H, R, N) noise per chunk, the fast path (B, R, N) logits.
     per_row = B * N * (1 if fast or function == "topk" else H)
@@ -175,10 +225,16 @@ def sample_keys(
             vals, top = z.topk(K, dim=-1)
             chunk_idx, chunk_valid = top[:, None].expand(B, H, -1, -1), (vals > _NEG_INF)[:, None].expand(B, H, -1, -1)
         elif not fast:
-            bounds = score_bounds(z, torch.logsumexp(z, -1, keepdim=True), function)
-            if chunk_noise is None:
-                chunk_noise = _draw_exponential((B, H, stop - start, N), z.device, generator)
-            chunk_idx, chunk_valid = sample_keys_reference(bounds, K, chunk_noise)
+            lse = torch.logsumexp(z, -1, keepdim=True)
+            bounds = score_bounds(z, lse, function)
+            if chunk_noise is None and method == "counter":
+                c_max = score_bounds(z.amax(-1), lse[..., 0], function)
+                kw = {"num_heads": H, "num_samples": K, "start": start, "per_example": per_example}
+                chunk_idx, chunk_valid = counter_sample_rows(bounds, c_max, lengths, seed, **kw)
+            else:
+                if chunk_noise is None:
+                    chunk_noise = _draw_exponential((B, H, stop - start, N), z.device, generator)
+                chunk_idx, chunk_valid = sample_keys_reference(bounds, K, chunk_noise)
         else:
             chunk_idx, chunk_valid = _sample_chunk_fast(z, function, H, K, M, generator, chunk_noise, chunk_elements)
         idx[:, :, start:stop] = chunk_idx

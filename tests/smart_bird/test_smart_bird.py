@@ -68,6 +68,7 @@ def inclusion(idx: torch.Tensor, valid: torch.Tensor, N: int) -> torch.Tensor:
         ("sketch_num_layers", 0),
         ("sampling_function", "softmax"),
         ("eval_sampling", "argmax"),
+        ("sampling_method", "gumbel"),
         ("sketch_loss_weight", -1.0),
     ],
 )

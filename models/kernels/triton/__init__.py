@@ -11,6 +11,7 @@ from .edgelist import _edge_fwd, edge_attention_triton
 from .gathered import gathered_attention_triton
 from .interpolated import interpolated_attention_triton
 from .key_slots import key_slot_attention_triton
+from .sampling import attentive_sample_triton
 
 
 def interpreted() -> bool:
@@ -19,6 +20,7 @@ def interpreted() -> bool:
 
 
 __all__ = [
+    "attentive_sample_triton",
     "edge_attention_triton",
     "gathered_attention_triton",
     "interpolated_attention_triton",
