@@ -373,8 +373,9 @@ def module_ops(
         for name, module in modules.items()
     ]
     model.eval()
+    capture = OpRecorder()  # entered: a stubbed kernel zero-fills only outputs allocated while recording
     try:
-        with cuda_code_path(OpRecorder(), family, device), torch.no_grad():
+        with cuda_code_path(capture, family, device), capture, torch.no_grad():
             model(**inputs)
     finally:
         for handle in handles:
