@@ -74,27 +74,6 @@ SAVED_RATIO_TARGETS = {"fsat": 1.5}
 # ----- the CUDA code path on a CPU -----
 
 
-@contextlib.contextmanager
-def _smart_bird_literal_sampler() -> Iterator[None]:
-    """Smart Bird's `sample_keys(method="auto")` picks the thinning sampler on CPU and the literal one with
-    2^26-element chunks on CUDA (its module docstring says why): take the CUDA choice."""
-    from ..smart_bird import attention_smart_bird, sampling
-
-    sample_keys = attention_smart_bird.sample_keys
-
-    def cuda_choice(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("method", "auto") == "auto":
-            kwargs["method"] = "literal"
-            kwargs["chunk_elements"] = kwargs.get("chunk_elements") or sampling._CHUNK_ELEMENTS_ACCELERATOR
-        return sample_keys(*args, **kwargs)
-
-    attention_smart_bird.sample_keys = cuda_choice
-    try:
-        yield
-    finally:
-        attention_smart_bird.sample_keys = sample_keys
-
-
 #: Invariant checks of the kernel layer that read indices on the host on a CPU only (`if device.type == "cpu"`); on
 #: CUDA they issue no op, so their ops are not recorded. `(module, function)` as the kernel dispatch calls them.
 CPU_ONLY_CHECKS = (
@@ -124,9 +103,8 @@ def _cpu_only_checks_unrecorded(recorder: OpRecorder) -> Iterator[None]:
 
 #: Device-type choices a family still makes outside the kernel layer, steered to their CUDA branch on a CPU
 #: (family -> context manager). An entry goes once the family picks its branch from `attention_backend`.
-CUDA_BRANCHES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-    "smart_bird": _smart_bird_literal_sampler,
-}
+#: None today: every family picks its CUDA path from `attention_backend` in the kernel layer.
+CUDA_BRANCHES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {}
 
 
 @contextlib.contextmanager
