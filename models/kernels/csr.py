@@ -46,7 +46,21 @@ def sparse_kernels_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class CSRPattern:
-    """Row-sorted edges of an (R, C) attention pattern plus the primitives evaluated on it."""
+    """Row-sorted edges of an (R, C) attention pattern plus the primitives evaluated on it.
+
+    Args:
+        rows, cols (`torch.LongTensor` of shape `(E,)`): row-sorted edges.
+        crow (`torch.LongTensor` of shape `(R + 1,)`): row pointers.
+        num_rows, num_cols (`int`): `R` and `C`.
+        degree (`int`, *optional*): every row has exactly this many edges.
+        use_sparse (`bool`): torch's sparse CSR kernels (else gathers and `index_add`).
+        padded (`bool`, *optional*, defaults to `False`): the edges past `crow[-1]` are padding (row `R`), which
+            every product ignores (`sddmm` gives them 0): a fixed-size edge list needs no compaction on the device.
+            Only the products (`sddmm`, `spmm`, `spmm_t`, `spmm_pair`) take a padded pattern.
+        triton (`bool`, *optional*, defaults to `False`): run the products as Triton kernels, which read the row
+            pointers only (no host sync for padding); the torch paths cut the padding off (a host read of
+            `crow[-1]`).
+    """
 
     def __init__(
         self,
@@ -57,16 +71,43 @@ class CSRPattern:
         num_cols: int,
         degree: int | None,
         use_sparse: bool,
+        *,
+        padded: bool = False,
+        triton: bool = False,
     ) -> None:
+        self.num_edges = cols.shape[0]  # padding included
+        if padded and not triton:
+            live = int(crow[-1])
+            rows, cols = rows[:live], cols[:live]
         self.rows, self.cols, self.crow = rows, cols, crow
         self.num_rows, self.num_cols = num_rows, num_cols
         self.degree = degree
         self.use_sparse = use_sparse
+        self.padded, self.triton = padded, triton
         self._transpose: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def _live(self, values: Tensor) -> Tensor:
+        """An edge vector without its padding (the torch paths work on the real edges only)."""
+        return values[: self.cols.shape[0]] if self.padded else values
+
+    def _padded(self, values: Tensor) -> Tensor:
+        """An edge vector of the real edges, padded with zeros to every edge."""
+        missing = self.num_edges - values.shape[0]
+        return values if missing == 0 else torch.cat([values, values.new_zeros(missing)])
 
     def sddmm(self, a: Tensor, b: Tensor, alpha: float, bias: Tensor | None = None) -> Tensor:
         """`bias_e + alpha * <a[rows_e], b[cols_e]>` for every edge: (E,)."""
+        if self.triton:
+            scores = _kernels().csr_sddmm_triton(self.crow, self.cols, a, b, alpha)
+            return scores if bias is None else scores + bias
+        if self.padded:
+            return self._padded(self._sddmm(a, b, alpha, None if bias is None else self._live(bias)))
+        return self._sddmm(a, b, alpha, bias)
+
+    def _sddmm(self, a: Tensor, b: Tensor, alpha: float, bias: Tensor | None) -> Tensor:
         num_edges = self.rows.shape[0]
+        if self.use_sparse and not sparse_kernels_available(a.device, a.dtype):
+            a, b = a.float(), b.float()  # torch's sparse kernels take fp32 / fp64 only
         if num_edges > self.num_rows * self.num_cols:
             # sampled_addmm raises when nnz exceeds R * C (heavy duplicates); the dense product is then the
             # smaller object anyway.
@@ -81,6 +122,9 @@ class CSRPattern:
 
     def spmm(self, values: Tensor, dense: Tensor) -> Tensor:
         """`out[r] = sum_{e: rows_e = r} values_e * dense[cols_e]`: (R, d)."""
+        if self.triton:
+            return self.spmm_pair(values, dense, None)[0]
+        values = self._live(values)
         if self.use_sparse:
             return _csr(self.crow, self.cols, values, (self.num_rows, self.num_cols)) @ dense
         out = dense.new_zeros(self.num_rows, dense.shape[1])
@@ -88,12 +132,25 @@ class CSRPattern:
 
     def spmm_t(self, values: Tensor, dense: Tensor) -> Tensor:
         """`out[c] = sum_{e: cols_e = c} values_e * dense[rows_e]`: (C, d)."""
+        if self.triton:
+            return self.spmm_pair(values, None, dense)[1]
+        values = self._live(values)
         if self.use_sparse:
             # An explicitly built transposed CSR; `csr.t()` is CSC and CSC @ dense was 12-15x slower on CPU.
             perm, crow_t, col_t = self.transpose()
             return _csr(crow_t, col_t, values.index_select(0, perm), (self.num_cols, self.num_rows)) @ dense
         out = dense.new_zeros(self.num_cols, dense.shape[1])
         return out.index_add_(0, self.cols, values[:, None] * dense.index_select(0, self.rows))
+
+    def spmm_pair(self, values: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+        """`(spmm(values, x), spmm_t(values, y))`, either skipped when its factor is `None`; one pass over the edges
+        on the Triton path."""
+        if self.triton:
+            return _kernels().csr_spmm_pair_triton(self.crow, self.cols, values, x, y, self.num_cols)
+        return (
+            None if x is None else self.spmm(values, x),
+            None if y is None else self.spmm_t(values, y),
+        )
 
     def transpose(self) -> tuple[Tensor, Tensor, Tensor]:
         """Permutation sorting edges by column, compressed column pointers and the matching row indices."""
@@ -131,6 +188,13 @@ class CSRPattern:
         den = self.segment_sum(ex)
         den = torch.where(den > 0, den, 1.0)
         return ex / self.expand(den)
+
+
+def _kernels():
+    # Imported on first use: the Triton kernels are optional, and the dispatch imports this module.
+    from .dispatch import _triton_kernels
+
+    return _triton_kernels()
 
 
 def _edge_factor(mult: Tensor | None, weight: Tensor | None) -> Tensor | None:

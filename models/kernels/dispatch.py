@@ -299,6 +299,7 @@ def edge_attention(
     training: bool = False,
     keep: Tensor | None = None,
     sorted_rows: bool = False,
+    padded: bool = False,
     generator: torch.Generator | None = None,
     backend: str = "fast",
 ) -> Tensor:
@@ -324,16 +325,24 @@ def edge_attention(
         training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None.
         keep (`torch.BoolTensor` of shape `(E,)`, *optional*): dropout keep-mask drawn by the caller.
         sorted_rows (`bool`, *optional*, defaults to `False`): promise that `rows` is non-decreasing (skips a sort).
+        padded (`bool`, *optional*, defaults to `False`): edges whose row is `R` (one past the last) are padding and
+            ignored, so that a caller can keep an edge list of a size fixed in advance. The Triton kernel never reads
+            them (its row pointers end before them: no host sync); the other implementations drop them first.
         generator (`torch.Generator`, *optional*): RNG for the dropout mask.
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
         `torch.Tensor` of shape `(R, d)` in the dtype of the inputs.
     """
-    check_edges(q, k, v, rows, cols, logit_bias, edge_weight, keep)
+    check_edges(q, k, v, rows, cols, logit_bias, edge_weight, keep, padded=padded)
     if keep is None and training and dropout_p > 0.0:
         keep = sample_keep_mask((rows.shape[0],), dropout_p, q.device, generator)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    if padded and implementation != "triton":
+        # Boolean compaction (a host sync on an accelerator, which only the Triton path needs to avoid).
+        real = rows < q.shape[0]
+        rows, cols = rows[real], cols[real]
+        logit_bias, edge_weight, keep = (None if t is None else t[real] for t in (logit_bias, edge_weight, keep))
     kwargs = {"logit_bias": logit_bias, "edge_weight": edge_weight, "scale": scale, "keep": keep}
     kwargs["dropout_p"] = dropout_p
     if implementation == "reference":

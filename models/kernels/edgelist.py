@@ -19,7 +19,9 @@ def check_one_dtype(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def check_edges(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *edge_tensors: Tensor | None) -> None:
+def check_edges(
+    q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *edge_tensors: Tensor | None, padded: bool = False
+) -> None:
     if q.dim() != 2 or k.dim() != 2 or v.dim() != 2:
         raise ValueError(f"q, k, v must be 2-D (rows, d), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     # One width d for q, k and v: the Triton kernel sizes its output and its value tiles by the queries' width.
@@ -39,8 +41,9 @@ def check_edges(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *ed
     # The CSR kernels run without invariant checks, so an out-of-range index would read out of bounds. On CPU the
     # check is a cheap O(E) pass; on accelerators it would force a host sync, and the kernels fault loudly there.
     if rows.device.type == "cpu" and rows.numel() > 0:
-        if int(rows.min()) < 0 or int(rows.max()) >= q.shape[0]:
-            raise IndexError(f"rows out of range [0, {q.shape[0]})")
+        # A padded edge list also holds the row one past the last (its padding edges).
+        if int(rows.min()) < 0 or int(rows.max()) >= q.shape[0] + padded:
+            raise IndexError(f"rows out of range [0, {q.shape[0] + padded})")
         if int(cols.min()) < 0 or int(cols.max()) >= k.shape[0]:
             raise IndexError(f"cols out of range [0, {k.shape[0]})")
 

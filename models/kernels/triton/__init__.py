@@ -12,6 +12,7 @@ from .gathered import gathered_attention_triton
 from .interpolated import interpolated_attention_triton
 from .key_slots import key_slot_attention_triton
 from .sampling import attentive_sample_triton
+from .spmm import csr_sddmm_triton, csr_spmm_pair_triton
 
 
 def interpreted() -> bool:
@@ -21,6 +22,8 @@ def interpreted() -> bool:
 
 __all__ = [
     "attentive_sample_triton",
+    "csr_sddmm_triton",
+    "csr_spmm_pair_triton",
     "edge_attention_triton",
     "gathered_attention_triton",
     "interpolated_attention_triton",
