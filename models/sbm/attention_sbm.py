@@ -9,6 +9,8 @@ sampled graph.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import transformers.initialization as init
 from torch import nn
@@ -26,8 +28,11 @@ from ..kernels import (
     unflatten_heads,
 )
 from ..kernels.csr import row_pointers
+from ..kernels.dispatch import resolve_backend
+from .budget import EdgeBudget, reads_draw_counts
 from .configuration_sbm import SBMConfig
-from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern, fastrg_edges
+from .fastrg import dropout_keep, fastrg_edges
+from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern
 
 _SITES = ("encoder", "decoder", "cross_attention")
 
@@ -89,6 +94,8 @@ class SBMAttention(ZooAttention):
         self.eval_seed = (config.sampling_seed * 1_000_003 + layer_idx * 7 + site) % (2**62)
         if not self.use_sbm:
             return
+        #: edge slots of the fastRG graphs on an accelerator (host state, not saved)
+        self.edge_budget = EdgeBudget(f"{self.site} layer {layer_idx}")
         self.clusters = nn.Parameter(torch.empty(self.num_heads, config.num_clusters, self.head_dim))
         if config.shared_membership_mlp:
             self.membership_mlp = nn.Sequential(
@@ -217,7 +224,8 @@ class SBMAttention(ZooAttention):
 
     def structural_ids(self, B: int, n: int, m: int, offset: int, allowed_q, key_valid, device) -> torch.Tensor | None:
         """Linear pair ids `((b*H + h)*n + i)*m + j` of the structural edges (fastRG backend): the diagonals of
-        :meth:`structural_offsets` and the global columns."""
+        :meth:`structural_offsets` and the global columns, `(B, H, n, T)` with `-1` where a slot holds no edge (a
+        fixed size: no compaction on the device)."""
         offsets = self.structural_offsets()
         g = self.global_positions(m)
         if not offsets and not g:
@@ -226,7 +234,7 @@ class SBMAttention(ZooAttention):
         i = torch.arange(n, device=device)[:, None]
         j = i + offset + torch.tensor(offsets, dtype=torch.long, device=device)[None]  # (n, T)
         if g:
-            # The global columns (a pair that is also on a diagonal is merged by the sampler's `unique`).
+            # The global columns (a pair that is also on a diagonal is merged by the sampler's sort).
             j = torch.cat([j, torch.arange(g, device=device)[None].expand(n, g)], dim=-1)  # (n, T + g)
         ok = (j >= 0) & (j < m)
         if self.is_causal:
@@ -239,7 +247,7 @@ class SBMAttention(ZooAttention):
             ok = ok & allowed_q[:, :, None]
         bh = torch.arange(B * H, device=device).view(B, H, 1, 1)
         ids = (bh * n + i[None, None]) * m + jc[None, None]  # (B, H, n, T)
-        return ids[ok[:, None].expand(-1, H, -1, -1)]
+        return torch.where(ok[:, None], ids, -1)
 
     def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor, sampling: bool) -> str:
         backend = self.config.sampling_backend
@@ -279,19 +287,20 @@ class SBMAttention(ZooAttention):
                 self, q, k, v, key_valid, query_offset=query_offset, output_attentions=output_attentions
             )
         in_dtype = q.dtype
-        # Probabilities, sampling and the attention itself run in fp32 (as the official code does): small edge
-        # probabilities are compared with uniforms, and bf16's 8-bit mantissa would coarsen them.
+        # Probabilities and sampling run in fp32 (as the official code does): small edge probabilities are compared
+        # with uniforms, and bf16's 8-bit mantissa would coarsen them. The edge attention reads q, k, v in their own
+        # dtype and accumulates in fp32; the dense backend's attention runs in fp32.
         with torch.autocast(device_type=q.device.type, enabled=False):
-            out = self._attend_fp32(q.float(), k.float(), v.float(), key_valid, query_offset, output_attentions)
+            out = self._attend_sbm(q, k, v, key_valid, query_offset, output_attentions)
         out.hidden_states = out.hidden_states.to(in_dtype)
         if out.attn_weights is not None:
             out.attn_weights = out.attn_weights.to(in_dtype)
         return out
 
     def _attend_each_example(self, q, k, v, key_valid, offset: int, output_attentions: bool) -> AttentionOutput:
-        """[`_attend_fp32`] one example at a time (eval), outputs concatenated along the batch."""
+        """[`_attend_sbm`] one example at a time (eval), outputs concatenated along the batch."""
         parts = [
-            self._attend_fp32(
+            self._attend_sbm(
                 q[b : b + 1],
                 k[b : b + 1],
                 v[b : b + 1],
@@ -307,7 +316,7 @@ class SBMAttention(ZooAttention):
             density=torch.cat([part.density for part in parts]),
         )
 
-    def _attend_fp32(self, q, k, v, key_valid, offset: int, output_attentions: bool) -> AttentionOutput:
+    def _attend_sbm(self, q, k, v, key_valid, offset: int, output_attentions: bool) -> AttentionOutput:
         cfg = self.config
         B, H, n, _ = q.shape
         per_example = not (self.training or self.decoder_site) and cfg.sample_at_eval
@@ -329,101 +338,13 @@ class SBMAttention(ZooAttention):
         pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
         sampling = self.training or cfg.sample_at_eval
         delta = float(cfg.exploration_delta) if (self.training or cfg.exploration_at_eval) else 0.0
-        dropout_p = self.dropout if self.training else 0.0
-        paper = cfg.ste_variant == "paper"
-        weights = None
-
+        graph = (q_memb, k_memb, blocks, delta, key_valid, query_valid, offset)
         if self.choose_backend(q_memb, k_memb, blocks, delta, pairs, sampling) == "bernoulli":
-            allowed = self.allowed_pairs(key_valid, query_valid, n, m, offset, device)
-            # Every allowed pair's straight-through gradient (the default in training) needs the gated attention,
-            # whose gate is differentiable also where it is closed; the sampled pairs' alone, a logit bias.
-            all_pairs = cfg.ste_all_pairs is not False and self.training
-            probs = (q_memb @ blocks) @ k_memb.transpose(-1, -2)  # (B, H, n, m)
-            with torch.no_grad():
-                law, law_delta = probs.detach(), delta
-                if sampling and not self.training and cfg.sampling_backend == "fastrg":
-                    # A decoder site of a model trained with fastRG samples under its law in eval: merged Poisson
-                    # counts make a pair present with probability 1 - exp(-(p + δ)), not p + δ.
-                    law, law_delta = -torch.expm1(-(law + delta)), 0.0
-                blocked, sampled = self.sample_dense(law, law_delta, allowed, offset, sampling)
-                row_counts = m - blocked.sum(-1)  # (B, H, n) attended keys per query
-                if sampled is None:
-                    sampled_rows = row_counts
-                elif sampled.shape[-1] == m:
-                    sampled_rows = sampled.sum(-1, dtype=torch.float32)
-                else:  # the graph of the global columns only: take their attended, unsampled pairs off
-                    forced = (blocked[..., : sampled.shape[-1]] == 0) & ~sampled
-                    sampled_rows = row_counts - forced.sum(-1, dtype=torch.float32)
-                sampled_counts = sampled_rows.sum(-1)
-                attended = blocked == 0 if output_attentions and not all_pairs else None
-            logits = (q.detach(), k.detach(), self.scaling) if paper else None
-            attend, counts = DenseMaskSTE.apply(
-                probs, blocked, sampled, sampled_counts, float(cfg.ste_clip), logits, all_pairs, allowed
+            out, weights, counts, attended_counts = self._attend_dense_graph(
+                q.float(), k.float(), v.float(), *graph, sampling, output_attentions
             )
-            if all_pairs:
-                keep = None
-                if dropout_p > 0.0:
-                    # u >= p keeps a pair with probability 1 - p (uniforms are ~1.5x cheaper than `bernoulli_` on CPU)
-                    keep = torch.rand_like(attend).ge_(dropout_p).div_(1.0 - dropout_p)
-                out, weights = gated_attention(
-                    q, k, v, attend, keep=keep, scale=self.scaling, return_weights=output_attentions,
-                    closed_gradient=cfg.ste_unsampled_gradient, backend=cfg.attention_backend,
-                )  # fmt: skip
-            elif output_attentions:
-                out, weights = dense_masked_attention(
-                    q, k, v, attended, dropout_p=dropout_p, scale=self.scaling, training=self.training,
-                    return_weights=True, logit_bias=attend,
-                )  # fmt: skip
-            else:
-                # The bias is the mask (the dtype's minimum off the graph) and carries the straight-through gradient;
-                # a float bias that requires grad makes SDPA use its math kernel and return that gradient.
-                out = dense_attention(
-                    q, k, v, logit_bias=attend, scale=self.scaling, dropout_p=dropout_p, training=self.training,
-                    backend=cfg.attention_backend,
-                )  # fmt: skip
-                out = out.masked_fill((row_counts == 0)[..., None], 0.0)
-            attended_counts = row_counts.sum(-1)  # (B, H)
         else:
-            generator = None
-            if not self.training:
-                generator = torch.Generator(device=device).manual_seed(self.eval_seed)
-            with torch.no_grad():
-                structural = self.structural_ids(B, n, m, offset, query_valid, key_valid, device)
-                rows, cols, sampled = fastrg_edges(
-                    q_memb.detach(), k_memb.detach(), blocks.detach(), delta=delta, query_valid=query_valid,
-                    key_valid=key_valid, causal=self.is_causal, query_offset=offset, structural=structural,
-                    generator=generator,
-                )  # fmt: skip
-            crow = row_pointers(rows, B * H * n)
-            # p_ij = <Q̂_i, Ŝ K̂_j> = <Q̂_i, (K̂ Ŝᵀ)_j>
-            k_memb_s = (k_memb @ blocks.transpose(-1, -2)).reshape(B * H * m, -1)
-            ones = EdgeSTE.apply(
-                q_memb.reshape(B * H * n, -1), k_memb_s, rows, cols, crow, sampled, float(cfg.ste_clip)
-            )
-            qf, kf, vf = flatten_heads(q), flatten_heads(k), flatten_heads(v)
-            if paper:
-                with torch.no_grad():
-                    scores = edge_pattern(rows, cols, B * H * n, B * H * m).sddmm(qf, kf, self.scaling)
-                logit_bias = scores * (ones - 1.0)  # forward 0; gradient to the mask = logit gradient × logit
-            else:
-                logit_bias = ones - 1.0  # forward 0; gradient to the mask = logit gradient
-            owner = rows // n  # (b, h) of each edge
-            counts = torch.zeros(B * H, device=device).index_add(0, owner, ones * sampled).view(B, H)
-            attended_counts = torch.bincount(owner, minlength=B * H).view(B, H).float()
-            if output_attentions:
-                flat = rows * m + cols % m
-                mask = torch.zeros(B * H * n * m, dtype=torch.bool, device=device).index_fill_(0, flat, True)
-                dense_bias = torch.zeros(B * H * n * m, device=device).index_put((flat,), logit_bias)
-                out, weights = dense_masked_attention(
-                    q, k, v, mask.view(B, H, n, m), dropout_p=dropout_p, scale=self.scaling, training=self.training,
-                    return_weights=True, logit_bias=dense_bias.view(B, H, n, m),
-                )  # fmt: skip
-            else:
-                out = edge_attention(
-                    qf, kf, vf, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p,
-                    training=self.training, sorted_rows=True, backend=cfg.attention_backend,
-                )  # fmt: skip
-                out = unflatten_heads(out, B, H, n)
+            out, weights, counts, attended_counts = self._attend_fastrg(q, k, v, *graph, output_attentions)
 
         total_pairs = pairs.sum().clamp(min=1.0)
         # Regulariser on the sampled edges through the straight-through counts: λ times this layer's mean density,
@@ -438,3 +359,130 @@ class SBMAttention(ZooAttention):
             aux_loss = None
         density = (attended_counts / pairs.clamp(min=1.0)[:, None]).detach()  # (B, H), per example
         return AttentionOutput(hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density)
+
+    def _attend_dense_graph(
+        self, q, k, v, q_memb, k_memb, blocks, delta, key_valid, query_valid, offset, sampling, output_attentions
+    ):
+        """The dense-Bernoulli backend: `(out, attention weights or None, sampled counts (B, H) carrying the
+        straight-through gradient, attended counts (B, H))`."""
+        cfg = self.config
+        B, H, n, _ = q.shape
+        m = k.shape[2]
+        allowed = self.allowed_pairs(key_valid, query_valid, n, m, offset, q.device)
+        dropout_p = self.dropout if self.training else 0.0
+        # Every allowed pair's straight-through gradient (the default in training) needs the gated attention, whose
+        # gate is differentiable also where it is closed; the sampled pairs' alone, a logit bias.
+        all_pairs = cfg.ste_all_pairs is not False and self.training
+        probs = (q_memb @ blocks) @ k_memb.transpose(-1, -2)  # (B, H, n, m)
+        with torch.no_grad():
+            law, law_delta = probs.detach(), delta
+            if sampling and not self.training and cfg.sampling_backend == "fastrg":
+                # A decoder site of a model trained with fastRG samples under its law in eval: merged Poisson
+                # counts make a pair present with probability 1 - exp(-(p + δ)), not p + δ.
+                law, law_delta = -torch.expm1(-(law + delta)), 0.0
+            blocked, sampled = self.sample_dense(law, law_delta, allowed, offset, sampling)
+            row_counts = m - blocked.sum(-1)  # (B, H, n) attended keys per query
+            if sampled is None:
+                sampled_rows = row_counts
+            elif sampled.shape[-1] == m:
+                sampled_rows = sampled.sum(-1, dtype=torch.float32)
+            else:  # the graph of the global columns only: take their attended, unsampled pairs off
+                forced = (blocked[..., : sampled.shape[-1]] == 0) & ~sampled
+                sampled_rows = row_counts - forced.sum(-1, dtype=torch.float32)
+            sampled_counts = sampled_rows.sum(-1)
+            attended = blocked == 0 if output_attentions and not all_pairs else None
+        logits = (q.detach(), k.detach(), self.scaling) if cfg.ste_variant == "paper" else None
+        attend, counts = DenseMaskSTE.apply(
+            probs, blocked, sampled, sampled_counts, float(cfg.ste_clip), logits, all_pairs, allowed
+        )
+        weights = None
+        if all_pairs:
+            keep = None
+            if dropout_p > 0.0:
+                # u >= p keeps a pair with probability 1 - p (uniforms are ~1.5x cheaper than `bernoulli_` on CPU)
+                keep = torch.rand_like(attend).ge_(dropout_p).div_(1.0 - dropout_p)
+            out, weights = gated_attention(
+                q, k, v, attend, keep=keep, scale=self.scaling, return_weights=output_attentions,
+                closed_gradient=cfg.ste_unsampled_gradient, backend=cfg.attention_backend,
+            )  # fmt: skip
+        elif output_attentions:
+            out, weights = dense_masked_attention(
+                q, k, v, attended, dropout_p=dropout_p, scale=self.scaling, training=self.training,
+                return_weights=True, logit_bias=attend,
+            )  # fmt: skip
+        else:
+            # The bias is the mask (the dtype's minimum off the graph) and carries the straight-through gradient; a
+            # float bias that requires grad makes SDPA use its math kernel and return that gradient.
+            out = dense_attention(
+                q, k, v, logit_bias=attend, scale=self.scaling, dropout_p=dropout_p, training=self.training,
+                backend=cfg.attention_backend,
+            )  # fmt: skip
+            out = out.masked_fill((row_counts == 0)[..., None], 0.0)
+        return out, weights, counts, row_counts.sum(-1)
+
+    def _attend_fastrg(
+        self, q, k, v, q_memb, k_memb, blocks, delta, key_valid, query_valid, offset, output_attentions
+    ):
+        """The fastRG backend over a fixed-size edge list, in q, k, v's dtype: as [`_attend_dense_graph`]."""
+        cfg = self.config
+        B, H, n, _ = q.shape
+        m = k.shape[2]
+        device = q.device
+        num_rows, num_cols = B * H * n, B * H * m
+        triton = resolve_backend(cfg.attention_backend, device, q.dtype, k.dtype, v.dtype) == "triton"
+        generator = None
+        if not self.training:
+            generator = torch.Generator(device=device).manual_seed(self.eval_seed)
+        # The host reserves the edge slots without reading the device, except where that read is free (CPU).
+        reserve = None
+        if not reads_draw_counts(device):
+            reserve = functools.partial(self.edge_budget.reserve, pairs=B * H * n * m)
+        with torch.no_grad():
+            structural = self.structural_ids(B, n, m, offset, query_valid, key_valid, device)
+            graph = fastrg_edges(
+                q_memb.detach(), k_memb.detach(), blocks.detach(), delta=delta, query_valid=query_valid,
+                key_valid=key_valid, causal=self.is_causal, query_offset=offset, structural=structural,
+                generator=generator, reserve=reserve,
+            )  # fmt: skip
+        if reserve is not None:
+            self.edge_budget.record(graph, B * H * n * m)
+        rows, cols = graph.rows, graph.cols
+        crow = row_pointers(rows, num_rows)
+        # p_ij = <Q̂_i, Ŝ K̂_j> = <Q̂_i, (K̂ Ŝᵀ)_j>
+        k_memb_s = (k_memb @ blocks.transpose(-1, -2)).reshape(num_cols, -1)
+        ones = EdgeSTE.apply(
+            q_memb.reshape(num_rows, -1), k_memb_s, rows, cols, crow, graph.sampled, float(cfg.ste_clip), triton
+        )
+        qf, kf, vf = flatten_heads(q), flatten_heads(k), flatten_heads(v)
+        if cfg.ste_variant == "paper":
+            with torch.no_grad():
+                pattern = edge_pattern(rows, cols, num_rows, num_cols, crow=crow, triton=triton)
+                scores = pattern.sddmm(qf, kf, self.scaling)
+            logit_bias = scores * (ones - 1.0)  # forward 0; gradient to the mask = logit gradient × logit
+        else:
+            logit_bias = ones - 1.0  # forward 0; gradient to the mask = logit gradient
+        # A repeated draw of a pair is listed again after its first copy: weight 0.
+        logit_bias = logit_bias.masked_fill(graph.duplicate, float("-inf"))
+        owner = rows // n  # (b, h) of each edge; B * H on padding
+        counts = torch.zeros(B * H + 1, device=device).index_add(0, owner, ones * graph.sampled)[:-1].view(B, H)
+        attended_counts = torch.zeros(B * H + 1, device=device).index_add_(0, owner, graph.attended.float())
+        attended_counts = attended_counts[:-1].view(B, H)
+        dropout_p = self.dropout if self.training else 0.0
+        if output_attentions:
+            # The dense weights of the real edges (a debugging path: compaction is fine here).
+            real = graph.attended
+            flat = rows[real] * m + cols[real] % m
+            mask = torch.zeros(num_rows * m, dtype=torch.bool, device=device).index_fill_(0, flat, True)
+            dense_bias = torch.zeros(num_rows * m, device=device).index_put((flat,), logit_bias[real])
+            out, weights = dense_masked_attention(
+                q.float(), k.float(), v.float(), mask.view(B, H, n, m), dropout_p=dropout_p, scale=self.scaling,
+                training=self.training, return_weights=True, logit_bias=dense_bias.view(B, H, n, m),
+            )  # fmt: skip
+            return out, weights, counts, attended_counts
+        # Dropout from the graph's own hash: a fixed number of generator draws per call whatever the edge count.
+        keep = dropout_keep(graph, dropout_p) if dropout_p > 0.0 else None
+        out = edge_attention(
+            qf, kf, vf, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p, keep=keep,
+            sorted_rows=True, padded=True, backend=cfg.attention_backend,
+        )  # fmt: skip
+        return unflatten_heads(out, B, H, n), None, counts, attended_counts

@@ -1,0 +1,90 @@
+"""How many fastRG edge slots an SBM layer reserves on an accelerator: chosen on the host, without waiting for the
+device, from what the layer's earlier calls drew."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from .fastrg import FastRGGraph, poisson_slots
+
+#: resolution of the expected draw count on its way to the host (it travels in an int64 beside the drawn count)
+_EXPECTED_SCALE = 1024
+
+
+def reads_draw_counts(device: torch.device) -> bool:
+    """Whether the fastRG sampler reads its draw count from the device to size the edge list exactly: on CPU, where
+    the read costs nothing; elsewhere an [`EdgeBudget`] reserves the slots."""
+    return device.type == "cpu"
+
+
+class EdgeBudget:
+    """Slots reserved for one SBM layer's fastRG draws, sized from the layer's earlier calls.
+
+    The number of draws is Poisson with a mean that only the device knows, and reading it would make the host wait
+    for the device in every call. Instead each call copies its mean and its draw count to pinned host memory without
+    waiting ([`record`]), and a later call reads them once the device has passed that point (never waiting for it:
+    an unfinished copy is left for the next call). The reservation is `poisson_slots(headroom * rate * pairs)`, with
+    `rate` the expected draws per `(query, key)` pair of the recent calls (the largest, remembered with a decay of
+    `decay` per call), so the Poisson noise of the count never exceeds it and the mean may grow by `headroom` from
+    one call to the next. The first call has no history and reads its mean from the device (one wait per layer,
+    once).
+
+    A call whose draws exceed its reservation drops the draws past it, so its graph is not fastRG's: the next call
+    that reads its counts warns, naming the layer and the counts, and reserves for that call's rate from then on.
+    The slots change nothing else: every draw's random numbers depend on its position only, so the same seed gives
+    the same graph whatever was reserved.
+
+    Args:
+        name (`str`): the layer, for the warning.
+    """
+
+    headroom: float = 1.5
+    decay: float = 0.9
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rate: float | None = None
+        self._pending: tuple[Tensor, torch.cuda.Event | None, int, int] | None = None
+
+    def reserve(self, expected: Tensor, pairs: int) -> int:
+        """Slots for a call with `pairs` `(query, key)` pairs whose expected draw count is the device scalar
+        `expected` (read only on the first call)."""
+        self._collect()
+        if self.rate is None:
+            self.rate = float(expected) / max(pairs, 1)
+        return poisson_slots(self.headroom * self.rate * pairs)
+
+    def record(self, graph: FastRGGraph, pairs: int) -> None:
+        """Send a call's expected and drawn counts to the host, without waiting for them."""
+        counts = torch.stack([(graph.expected * _EXPECTED_SCALE).to(torch.int64), graph.drawn])
+        if counts.device.type == "cuda":
+            host = torch.empty(2, dtype=torch.int64, pin_memory=True)
+            host.copy_(counts, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = counts, None
+        self._pending = (host, event, pairs, graph.slots)
+
+    def _collect(self) -> None:
+        """Read the last recorded call's counts if the device has produced them."""
+        if self._pending is None:
+            return
+        host, event, pairs, slots = self._pending
+        if event is not None and not event.query():
+            return
+        self._pending = None
+        expected, drawn = host.tolist()
+        rate = max(expected / _EXPECTED_SCALE, drawn) / max(pairs, 1)
+        self.rate = rate if self.rate is None else max(rate, self.rate * self.decay)
+        if drawn > slots:
+            warnings.warn(
+                f"SBM {self.name}: a fastRG graph drew {drawn} edges into the {slots} slots reserved for it, and the "
+                f"{drawn - slots} past them were dropped, so that call's graph did not follow fastRG's law. The "
+                f"reservation now covers {self.headroom}x that call's rate ({EdgeBudget.__name__}.headroom).",
+                RuntimeWarning,
+                stacklevel=3,
+            )

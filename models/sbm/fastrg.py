@@ -1,0 +1,300 @@
+"""fastRG sampling of SBM graphs (Rohe et al., "A note on quickly sampling a sparse matrix with low rank
+expectation") as a fixed-size, row-sorted edge list that the device builds without telling the host its size.
+
+The law is fastRG's: the number of times a pair `(i, j)` is drawn is Poisson(`p_ij`), independently over the pairs,
+with `p = Q̂ Ŝ K̂ᵀ`; exploration adds Poisson(`δ`) draws of every pair of real positions; repeated draws of a pair
+are one edge, so a pair is present with probability `1 - exp(-(p_ij + δ))`. Per head `(b, h)`:
+
+- Poisson(`Σ_ij p_ij`) fastRG draws, each picking query row `i` ∝ its rate `r_i = Σ_v (Q̂_i Ŝ)_v z_v` (with
+  `z = Σ_j K̂_j`), then cluster `v` ∝ `(Q̂_i Ŝ)_v z_v`, then key `j` ∝ `K̂_jv` (so pair `(i, j)` is drawn at rate
+  `Σ_v (Q̂_i Ŝ)_v K̂_jv = p_ij`);
+- Poisson(`δ n_q n_k`) exploration draws of a uniform pair of real positions;
+- draws of a future key in causal attention are dropped (thinning a Poisson process keeps it Poisson).
+
+Only the per-head totals come from a generator (a fixed number of draws, so an example's graph does not depend on
+the padding of its batch); every other random number is a hash of a per-call seed and the draw's position
+(head-major), so the graph does not depend on how many slots were reserved for it. Categorical draws use inverse
+CDFs over integer cumulative sums (each row's weights quantised to 2^30 units: no float64, and no rounding error
+accumulates along the sum). Repeated pairs are merged by one sort of the pair ids (int32 when they fit); the
+repeats stay in the list, after their first copy, and attend with weight 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .sampling import _GOLDEN, mix_bits_
+
+#: seed offset of the exploration draws' stream (odd, below 2**62 so that seed + offset stays an int64)
+_EXPLORATION_STREAM = 0x2545F4914F6CDD1D
+_LOW31 = (1 << 31) - 1
+#: each row's weights are quantised to this many units for the inverse CDF
+_CDF_UNITS = float(1 << 30)
+#: pair ids below this sort as int32 (2-4x faster than int64 on CPU); the largest int32 marks padding
+_INT32_PAIRS = (1 << 31) - 1
+_INT64_SENTINEL = (1 << 63) - 1
+
+
+@dataclass
+class FastRGGraph:
+    """A sampled graph of every `(batch, head)`: a row-sorted edge list of a size the host chose in advance.
+
+    Edge `e` joins flat query row `rows[e] = (b*H + h)*n + i` to flat key row `cols[e] = (b*H + h)*m + j`. Padding
+    edges (slots no draw filled, dropped draws) come last, with `rows = num_rows` and `cols = 0`; a pair drawn
+    several times is listed as often, its first copy first.
+
+    Args:
+        rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, non-decreasing.
+        cols (`torch.LongTensor` of shape `(E,)`): key row of each edge.
+        sampled (`torch.BoolTensor` of shape `(E,)`): the first copy of a drawn pair (fastRG or exploration); the
+            other attended edges are structural only (self loops, window, global columns).
+        duplicate (`torch.BoolTensor` of shape `(E,)`): a later copy of a pair (attends with weight 0).
+        attended (`torch.BoolTensor` of shape `(E,)`): the first copy of a pair (not padding, not a duplicate).
+        num_rows (`int`): number of query rows `B * H * n` (the row index of padding).
+        expected (`torch.Tensor` of shape `()`): expected number of fastRG draws (exploration excluded).
+        drawn (`torch.LongTensor` of shape `()`): fastRG draws made; more than `slots` means some were dropped.
+        slots (`int`): slots reserved for the fastRG draws.
+        seed (`torch.LongTensor` of shape `()`): the hash seed of the call (also [`dropout_keep`]'s).
+    """
+
+    rows: Tensor
+    cols: Tensor
+    sampled: Tensor
+    duplicate: Tensor
+    attended: Tensor
+    num_rows: int
+    expected: Tensor
+    drawn: Tensor
+    slots: int
+    seed: Tensor
+
+
+def poisson_slots(mean: float) -> int:
+    """Slots that hold a Poisson(`mean`) count but with probability below about 1e-13 (mean + 8 standard deviations
+    + 24: the Chernoff bound of the excess is under e^-30 for every mean)."""
+    return math.ceil(mean + 8.0 * math.sqrt(mean) + 24.0)
+
+
+def slot_bits(seed: Tensor, num_slots: int, stream: int) -> Tensor:
+    """64 hashed bits for each draw position `0 .. num_slots - 1`, `(num_slots,)` int64 (a splitmix-style hash of
+    `seed + stream offset + position * golden`, so a position's bits do not depend on `num_slots`)."""
+    x = torch.arange(num_slots, device=seed.device, dtype=torch.int64).mul_(_GOLDEN)
+    x.add_(seed + stream * _EXPLORATION_STREAM)
+    return mix_bits_(x, torch.empty_like(x))
+
+
+def draw_categorical(weights: Tensor, which: Tensor, bits31: Tensor) -> Tensor:
+    """For every entry of `which`, a column of row `which[e]` of `weights` drawn with probability ∝ its weight.
+
+    Each row's weights are quantised to `2^30` units in total and summed in int64, so a weight is kept to 1e-9 of
+    its row's total with no rounding error along the sum; the global search key `row << 32 | partial sum` keeps the
+    rows apart in one `searchsorted`.
+
+    Args:
+        weights (`torch.Tensor` of shape `(T, L)`): non-negative weights.
+        which (`torch.LongTensor` of shape `(E,)`): row of each draw (a row without weight gives column `L - 1`;
+            callers never draw from such a row).
+        bits31 (`torch.LongTensor` of shape `(E,)`): uniform integers in `[0, 2^31)`.
+
+    Returns:
+        `torch.LongTensor` of shape `(E,)` with values in `[0, L)`.
+    """
+    num_rows, length = weights.shape
+    weights = weights.contiguous()  # the global search runs over the flat rows
+    total = weights.sum(-1, keepdim=True).clamp_min_(torch.finfo(weights.dtype).tiny)
+    cum = (weights / total).mul_(_CDF_UNITS).floor_().to(torch.int64).cumsum_(-1)  # (T, L), last column <= 2^30
+    base = torch.arange(num_rows, device=weights.device, dtype=torch.int64).bitwise_left_shift_(32)
+    units = cum[:, -1].index_select(0, which)  # (E,) the row's total
+    cum.add_(base[:, None])
+    target = (bits31 * units).bitwise_right_shift_(31).add_(base.index_select(0, which))  # < 2^62 before the shift
+    flat = torch.searchsorted(cum.view(-1), target, right=True)
+    return flat.sub_(which * length).clamp_(max=length - 1)
+
+
+def _slot_heads(counts: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
+    """Owner of each slot when head `(b, h)` owns `counts[b*H + h]` consecutive slots: `(bh, live)`,
+    `(num_slots,)` each; slots past the last draw (and draws past the slots) get `live = False` and the last head."""
+    ends = counts.cumsum(0)  # (B*H,)
+    slots = torch.arange(num_slots, device=counts.device, dtype=torch.int64)
+    bh = torch.searchsorted(ends, slots, right=True)
+    live = bh < counts.shape[0]
+    return bh.clamp_(max=counts.shape[0] - 1), live
+
+
+def fastrg_weights(q_memb: Tensor, k_memb: Tensor, blocks: Tensor) -> Tensor:
+    """Rate of fastRG draws of every query row into every cluster, `(Q̂ Ŝ)_iv z_v`: `(B, H, n, k)` (its sum over
+    `v` is the row's expected number of draws `Σ_j p_ij`)."""
+    return (q_memb @ blocks) * k_memb.sum(2)[:, :, None, :]
+
+
+def _draw_totals(
+    row_rates: Tensor,
+    delta: float,
+    query_valid: Tensor | None,
+    key_valid: Tensor | None,
+    num_keys: int,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """Poisson numbers of fastRG and of exploration draws of every head, `(2, B*H)` int64, and the expected number
+    of fastRG draws (a `()` tensor). Exploration draws Poisson(`δ`) times each pair of real positions."""
+    B, H, n = row_rates.shape
+    rates = row_rates.sum(-1)  # (B, H)
+    queries = n if query_valid is None else query_valid.sum(-1, keepdim=True)  # (B, 1)
+    keys = num_keys if key_valid is None else key_valid.sum(-1, keepdim=True)
+    explore = (delta * queries * keys) * torch.ones_like(rates)  # (B, H)
+    # Two numbers per head: fp64 keeps counts above 2^24 exact (fp32 Poisson draws of such means are rounded).
+    counts = torch.poisson(torch.stack([rates, explore]).double(), generator=generator).to(torch.int64)
+    return counts.view(2, B * H), rates.sum()
+
+
+def _uniform_position(valid: Tensor | None, batch: Tensor, bits31: Tensor, length: int) -> Tensor:
+    """A uniform real position of sequence `batch[e]` for each draw (`valid` `(B, L)`, `None`: all are real); it
+    does not depend on the padding after the real positions."""
+    if valid is None:
+        return (bits31 * length).bitwise_right_shift_(31)
+    return draw_categorical(valid.float(), batch, bits31)
+
+
+def _fastrg_draws(
+    weights: Tensor, row_rates: Tensor, k_memb: Tensor, counts: Tensor, num_slots: int, seed: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The fastRG draws in `num_slots` slots: `(row, key, live)`, `(num_slots,)` each, `row = (b*H + h)*n + i`.
+
+    Each draw of head `(b, h)` picks row `i` ∝ its rate, cluster `v` ∝ `(Q̂_i Ŝ)_v z_v`, key `j` ∝ `K̂_jv`."""
+    B, H, n, k = weights.shape
+    m = k_memb.shape[2]
+    bh, live = _slot_heads(counts, num_slots)
+    bits = slot_bits(seed, num_slots, 0)
+    row = draw_categorical(row_rates.reshape(B * H, n), bh, bits & _LOW31).add_(bh * n)
+    cluster = draw_categorical(weights.reshape(B * H * n, k), row, bits.bitwise_right_shift_(32).bitwise_and_(_LOW31))
+    keys = k_memb.transpose(2, 3).reshape(B * H * k, m)  # (B*H*k, m): each cluster's key weights
+    key = draw_categorical(keys, bh.mul_(k).add_(cluster), slot_bits(seed, num_slots, 3).bitwise_and_(_LOW31))
+    return row, key, live
+
+
+def _exploration_draws(
+    counts: Tensor, num_slots: int, seed: Tensor, shape: tuple[int, int, int, int], query_valid, key_valid
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The exploration draws in `num_slots` slots: `(row, key, live)`, a uniform pair of real positions each."""
+    B, H, n, m = shape
+    bh, live = _slot_heads(counts, num_slots)
+    bits = slot_bits(seed, num_slots, 1)
+    batch = bh // H
+    i = _uniform_position(query_valid, batch, bits & _LOW31, n)
+    key = _uniform_position(key_valid, batch, bits.bitwise_right_shift_(32).bitwise_and_(_LOW31), m)
+    return bh.mul_(n).add_(i), key, live
+
+
+def fastrg_multigraph(
+    q_memb: Tensor, k_memb: Tensor, blocks: Tensor, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The fastRG draws alone (no exploration, no merging): `(owner, i, j)`, `(E,)` each, the flat `(b*H + h)`
+    index, query and key of every draw. Pair counts are independent Poisson(`p_ij`)."""
+    n, m = q_memb.shape[2], k_memb.shape[2]
+    weights = fastrg_weights(q_memb, k_memb, blocks)
+    row_rates = weights.sum(-1)
+    counts, _ = _draw_totals(row_rates, 0.0, None, None, m, generator)
+    seed = torch.randint(0, 1 << 62, (), device=q_memb.device, generator=generator)
+    row, key, live = _fastrg_draws(weights, row_rates, k_memb, counts[0], int(counts[0].sum()), seed)
+    row, key = row[live], key[live]
+    return row // n, row % n, key
+
+
+def fastrg_edges(
+    q_memb: Tensor,
+    k_memb: Tensor,
+    blocks: Tensor,
+    *,
+    delta: float,
+    query_valid: Tensor | None,
+    key_valid: Tensor | None,
+    causal: bool,
+    query_offset: int,
+    structural: Tensor | None,
+    generator: torch.Generator | None,
+    reserve: Callable[[Tensor], int] | None = None,
+) -> FastRGGraph:
+    """Sample the SBM graph of every `(batch, head)` with fastRG, as a fixed-size edge list (module docstring).
+
+    Padded rows of `q_memb` / `k_memb` must be zero (they draw, and are drawn, nothing).
+
+    Args:
+        q_memb (`torch.Tensor` of shape `(B, H, n, k)`): query memberships.
+        k_memb (`torch.Tensor` of shape `(B, H, m, k)`): key memberships.
+        blocks (`torch.Tensor` of shape `(H, k, k)`): block matrix Ŝ of each head (sums to 1).
+        delta (`float`): exploration rate `δ` per pair.
+        query_valid / key_valid (`torch.BoolTensor` of shape `(B, n)` / `(B, m)`, *optional*): real positions.
+        causal (`bool`): drop draws of future keys; query `i` sits at key position `i + query_offset`.
+        structural (`torch.LongTensor`, *optional*): linear pair ids `((b*H + h)*n + i)*m + j` always attended
+            (self loops, window, global columns), `-1` for none; they carry no probability gradient.
+        generator (`torch.Generator`, *optional*): RNG (eval); the global RNG when `None` (training).
+        reserve (`callable`, *optional*): given the expected number of fastRG draws (a device scalar), the number of
+            slots to reserve for them, which the host must know without reading the device (see
+            [`~attnzoo.sbm.budget.EdgeBudget`]); draws past the slots are dropped and counted in `drawn`. `None`
+            reserves exactly what was drawn (a host read of the count: free on CPU).
+
+    Returns:
+        [`FastRGGraph`].
+    """
+    B, H, n, _ = q_memb.shape
+    m = k_memb.shape[2]
+    num_rows = B * H * n
+    device = q_memb.device
+    weights = fastrg_weights(q_memb, k_memb, blocks)  # (B, H, n, k)
+    row_rates = weights.sum(-1)  # (B, H, n)
+    counts, expected = _draw_totals(row_rates, delta, query_valid, key_valid, m, generator)  # (2, B*H)
+    fastrg_slots = int(counts[0].sum()) if reserve is None else reserve(expected)
+    # The exploration rate is at most δ per pair, known on the host: its slots hold the count but with a negligible
+    # probability.
+    exploration_slots = poisson_slots(delta * m * num_rows) if delta > 0 else 0
+    seed = torch.randint(0, 1 << 62, (), device=device, generator=generator)
+
+    row, key, live = _fastrg_draws(weights, row_rates, k_memb, counts[0], fastrg_slots, seed)
+    if exploration_slots:
+        row_e, key_e, live_e = _exploration_draws(
+            counts[1], exploration_slots, seed, (B, H, n, m), query_valid, key_valid
+        )
+        row, key, live = torch.cat([row, row_e]), torch.cat([key, key_e]), torch.cat([live, live_e])
+    if causal:
+        live &= key <= row % n + query_offset
+    num_drawn = row.shape[0]
+    ids = row.mul_(m).add_(key)  # pair id ((b*H + h)*n + i)*m + j
+    if structural is not None:
+        ids = torch.cat([ids, structural.reshape(-1)])
+        live = torch.cat([live, structural.reshape(-1) >= 0])
+    # The sort merges repeated pairs; being stable, it lists a drawn copy before a structural one of the same pair.
+    small = num_rows * m < _INT32_PAIRS
+    sentinel = (1 << 31) - 1 if small else _INT64_SENTINEL
+    ids = torch.where(live, ids, sentinel)
+    ids, order = torch.sort(ids.to(torch.int32) if small else ids, stable=True)
+    real = ids != sentinel
+    first = torch.ones_like(real)
+    first[1:] = ids[1:] != ids[:-1]
+    attended = first & real
+    ids = ids.to(torch.int64)
+    rows = (ids // m).clamp_(max=num_rows)
+    cols = torch.where(real, (rows // n) * m + ids % m, 0)
+    return FastRGGraph(
+        rows=rows,
+        cols=cols,
+        sampled=attended & (order < num_drawn),
+        duplicate=real & ~first,
+        attended=attended,
+        num_rows=num_rows,
+        expected=expected,
+        drawn=counts[0].sum(),
+        slots=fastrg_slots,
+        seed=seed,
+    )
+
+
+def dropout_keep(graph: FastRGGraph, p: float) -> Tensor:
+    """Attention-dropout keep mask of the graph's edges, `(E,)` bool (each kept with probability `1 - p`), from the
+    call's hash: drawing it from a generator would consume a number of draws that depends on the reserved slots."""
+    bits = slot_bits(graph.seed, graph.rows.shape[0], 2).bitwise_and_(_LOW31)
+    return bits >= round(p * (1 << 31))
