@@ -123,6 +123,11 @@ class SBMAttention(ZooAttention):
         logits = clusters @ clusters.transpose(-1, -2)  # (H, k, k)
         return logits.flatten(1).softmax(-1).view_as(logits)
 
+    def unrotated(self, x: torch.Tensor) -> torch.Tensor:
+        """The queries or keys `(B, H, N, d)` the memberships read: with rotary positions, before the rotation (a
+        token's clusters are about its content; the rotation, which the logits keep, already carries the offsets)."""
+        return apply_rotary(x, inverse=True) if self.rotary else x
+
     def memberships(self, x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """`σ(MLP(x) Cᵀ)` in fp32, `(B, H, N, k)`; rows of padded positions are zero (they get no edge)."""
         param_dtype = self.clusters.dtype
@@ -249,14 +254,19 @@ class SBMAttention(ZooAttention):
         ids = (bh * n + i[None, None]) * m + jc[None, None]  # (B, H, n, T)
         return torch.where(ok[:, None], ids, -1)
 
-    def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor, sampling: bool) -> str:
-        backend = self.config.sampling_backend
+    def fixed_backend(self, sampling: bool) -> str | None:
+        """The sampling backend of this call when the memberships do not decide it (`None`: "auto" decides)."""
         if not sampling or (not self.training and self.decoder_site):
             # Eval at a decoder site draws every pair from its own counter-based uniform (the dense sampler): a
             # fastRG multigraph couples all pairs of a sequence, so its draws would change with the KV cache (one
             # query per step) and with the padded decoder positions, which cross-attention cannot tell apart.
             return "bernoulli"
-        if backend != "auto":
+        backend = self.config.sampling_backend
+        return None if backend == "auto" else backend
+
+    def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor, sampling: bool) -> str:
+        backend = self.fixed_backend(sampling)
+        if backend is not None:
             return backend
         with torch.no_grad():
             # Σ_ij p_ij = Σ_uv y_u Ŝ_uv z_v: the expected edge count without touching the n × m pairs.
@@ -329,14 +339,14 @@ class SBMAttention(ZooAttention):
         query_valid = None
         if key_valid is not None and not self.is_cross_attention:
             query_valid = key_valid[:, offset : offset + n]
-        # With rotary positions the memberships read the queries and keys before the rotation: a token's clusters
-        # are about its content, and the rotation (which the logits keep) already carries the offsets.
-        plain_q, plain_k = (apply_rotary(q, inverse=True), apply_rotary(k, inverse=True)) if self.rotary else (q, k)
-        q_memb = self.memberships(plain_q, query_valid)  # (B, H, n, k)
-        k_memb = self.memberships(plain_k, key_valid)  # (B, H, m, k)
-        blocks = self.block_matrix()  # (H, k, k)
-        pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
         sampling = self.training or cfg.sample_at_eval
+        # fastRG's estimator recomputes the memberships in backward: no autograd graph for them here ("auto" builds
+        # one, dropped at the end of this call when it picks fastRG).
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.fixed_backend(sampling) != "fastrg"):
+            q_memb = self.memberships(self.unrotated(q), query_valid)  # (B, H, n, k)
+            k_memb = self.memberships(self.unrotated(k), key_valid)  # (B, H, m, k)
+            blocks = self.block_matrix()  # (H, k, k)
+        pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
         delta = float(cfg.exploration_delta) if (self.training or cfg.exploration_at_eval) else 0.0
         graph = (q_memb, k_memb, blocks, delta, key_valid, query_valid, offset)
         if self.choose_backend(q_memb, k_memb, blocks, delta, pairs, sampling) == "bernoulli":
@@ -423,7 +433,8 @@ class SBMAttention(ZooAttention):
     def _attend_fastrg(
         self, q, k, v, q_memb, k_memb, blocks, delta, key_valid, query_valid, offset, output_attentions
     ):
-        """The fastRG backend over a fixed-size edge list, in q, k, v's dtype: as [`_attend_dense_graph`]."""
+        """The fastRG backend over a fixed-size edge list, in q, k, v's dtype: as [`_attend_dense_graph`]. The
+        memberships are recomputed in backward from the queries and keys the edge attention keeps anyway."""
         cfg = self.config
         B, H, n, _ = q.shape
         m = k.shape[2]
@@ -448,12 +459,21 @@ class SBMAttention(ZooAttention):
             self.edge_budget.record(graph, B * H * n * m)
         rows, cols = graph.rows, graph.cols
         crow = row_pointers(rows, num_rows)
-        # p_ij = <Q̂_i, Ŝ K̂_j> = <Q̂_i, (K̂ Ŝᵀ)_j>
-        k_memb_s = (k_memb @ blocks.transpose(-1, -2)).reshape(num_cols, -1)
-        ones = EdgeSTE.apply(
-            q_memb.reshape(num_rows, -1), k_memb_s, rows, cols, crow, graph.sampled, float(cfg.ste_clip), triton
-        )
-        qf, kf, vf = flatten_heads(q), flatten_heads(k), flatten_heads(v)
+
+        qf, kf, vf = flatten_heads(q), flatten_heads(k), flatten_heads(v)  # (B*H*n, d), (B*H*m, d) twice
+
+        def factors(queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # p_ij = <Q̂_i, Ŝ K̂_j> = <Q̂_i, (K̂ Ŝᵀ)_j>, from the flat queries and keys
+            with torch.autocast(device_type=device.type, enabled=False):
+                queries = self.unrotated(unflatten_heads(queries, B, H, n))
+                q_factor = self.memberships(queries, query_valid)  # (B, H, n, k)
+                keys = self.memberships(self.unrotated(unflatten_heads(keys, B, H, m)), key_valid)
+                k_factor = keys @ self.block_matrix().transpose(-1, -2)  # (B, H, m, k)
+            return q_factor.reshape(num_rows, -1), k_factor.reshape(num_cols, -1)
+
+        # qf and kf are what the edge attention keeps for its backward: the recomputation adds nothing of its own.
+        params = tuple(p for p in (*self.membership_mlp.parameters(), self.clusters) if p.requires_grad)
+        ones = EdgeSTE.apply(factors, rows, cols, crow, graph.sampled, float(cfg.ste_clip), triton, qf, kf, *params)
         if cfg.ste_variant == "paper":
             with torch.no_grad():
                 pattern = edge_pattern(rows, cols, num_rows, num_cols, crow=crow, triton=triton)

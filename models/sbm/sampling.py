@@ -168,38 +168,45 @@ class EdgeSTE(torch.autograd.Function):
     """Straight-through estimator of an edge list: `m_e = 1` for every edge in forward.
 
     The edge probability `p_e = <Q̂[row_e], (K̂ Ŝᵀ)[col_e]>` is never needed in forward; backward clips the gradient
-    reaching each sampled edge and sends it to the memberships with two sparse products over the edge pattern
-    (`dQ̂ = G @ (K̂ Ŝᵀ)`, `d(K̂ Ŝᵀ) = Gᵀ @ Q̂`), so the cost stays linear in the number of edges. The edge list may
-    end in padding (rows equal to the number of rows, past `crow[-1]`); with `triton` the products run as Triton
-    kernels that read the row pointers only (no host sync), otherwise torch's sparse kernels on the real edges.
+    reaching each sampled edge and sends it to the factors with two sparse products over the edge pattern
+    (`dQ̂ = G @ (K̂ Ŝᵀ)`, `d(K̂ Ŝᵀ) = Gᵀ @ Q̂`), so the cost stays linear in the number of edges.
+
+    The factors are not saved: `factors` makes them from two tensors (SBM's queries and keys, with the membership
+    network's `params`) and backward makes them again and sends their gradient on through that recomputation, so
+    nothing of size `N x H x k` (nor the network's activations) is kept for backward. With
+    `factors = lambda a, b: (a, b)` the two tensors are `Q̂` and `K̂ Ŝᵀ` themselves.
+
+    The edge list may end in padding (rows equal to the number of rows, past `crow[-1]`); with `triton` the products
+    run as Triton kernels that read the row pointers only (no host sync), otherwise torch's sparse kernels run on
+    the real edges.
+
+    Args of `apply`: `factors` (a function of two tensors returning `(Q̂, K̂ Ŝᵀ)` flattened to `(R, k)` and
+    `(C, k)`), `rows`, `cols` (`(E,)` int64, row-sorted), `crow` (`(R + 1,)` row pointers), `sampled` (`(E,)` bool:
+    the edges whose probability gets a gradient), `clip` (`float`), `triton` (`bool`), the two tensors, then every
+    parameter `factors` reads (their gradients leave through this node).
     """
 
     @staticmethod
-    def forward(
-        ctx,
-        q_memb: Tensor,
-        k_memb_s: Tensor,
-        rows: Tensor,
-        cols: Tensor,
-        crow: Tensor,
-        sampled: Tensor,
-        clip: float,
-        triton: bool = False,
-    ) -> Tensor:
+    def forward(ctx, factors, rows, cols, crow, sampled, clip, triton, first, second, *params) -> Tensor:
         # The Triton products need no row of each edge: keep it only for the torch path.
-        ctx.save_for_backward(q_memb, k_memb_s, None if triton else rows, cols, crow, sampled)
-        ctx.clip, ctx.triton = clip, triton
-        return torch.ones(cols.shape, dtype=q_memb.dtype, device=q_memb.device)
+        ctx.save_for_backward(None if triton else rows, cols, crow, sampled, first, second)
+        ctx.factors, ctx.params, ctx.clip, ctx.triton = factors, params, clip, triton
+        return torch.ones(cols.shape, dtype=torch.float32, device=cols.device)
 
     @staticmethod
     def backward(ctx, grad_m: Tensor):
-        q_memb, k_memb_s, rows, cols, crow, sampled = ctx.saved_tensors
+        rows, cols, crow, sampled, first, second = ctx.saved_tensors
         grad_p = (grad_m * sampled).clamp_(-ctx.clip, ctx.clip)  # (E,)
+        needs = ctx.needs_input_grad[7:]  # the two tensors, then the parameters
+        with torch.enable_grad():
+            inputs = [first.detach().requires_grad_(needs[0]), second.detach().requires_grad_(needs[1])]
+            q_memb, k_memb_s = ctx.factors(*inputs)
         pattern = edge_pattern(rows, cols, q_memb.shape[0], k_memb_s.shape[0], crow=crow, triton=ctx.triton)
-        grad_q, grad_k = pattern.spmm_pair(
-            grad_p, k_memb_s if ctx.needs_input_grad[0] else None, q_memb if ctx.needs_input_grad[1] else None
-        )
-        return grad_q, grad_k, None, None, None, None, None, None
+        grad_q, grad_k = pattern.spmm_pair(grad_p, k_memb_s.detach(), q_memb.detach())
+        wanted = [t for t, needed in zip((*inputs, *ctx.params), needs, strict=True) if needed]
+        found = iter(torch.autograd.grad((q_memb, k_memb_s), wanted, (grad_q, grad_k), allow_unused=True))
+        grads = [next(found) if needed else None for needed in needs]
+        return None, None, None, None, None, None, None, *grads
 
 
 def edge_pattern(

@@ -387,7 +387,7 @@ def test_edge_ste_gradient_matches_dense_definition():
     cols = torch.tensor([1, 4, 0, 0, 2, 3, 4])
     sampled = torch.tensor([True, True, False, True, True, True, True])
     crow = torch.searchsorted(rows, torch.arange(8))
-    ones = EdgeSTE.apply(q_memb, ks, rows, cols, crow, sampled, 1.0)
+    ones = EdgeSTE.apply(lambda a, b: (a, b), rows, cols, crow, sampled, 1.0, False, q_memb, ks)
     assert torch.all(ones == 1)
     grad_m = torch.tensor([0.5, -3.0, 2.0, 0.1, 0.2, -0.3, 4.0])
     (ones * grad_m).sum().backward()
@@ -395,6 +395,85 @@ def test_edge_ste_gradient_matches_dense_definition():
     g[rows, cols] = (grad_m * sampled).clamp(-1, 1)
     torch.testing.assert_close(q_memb.grad, g @ ks.detach())
     torch.testing.assert_close(ks.grad, g.t() @ q_memb.detach())
+
+
+def test_edge_ste_that_recomputes_its_factors_gives_the_gradient_of_saved_ones():
+    gen = torch.Generator().manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    rows = torch.tensor([0, 0, 1, 3, 3, 5, 6])
+    cols = torch.tensor([1, 4, 0, 2, 2, 3, 4])
+    crow = torch.searchsorted(rows, torch.arange(8))
+    sampled = torch.tensor([True, True, True, True, False, True, True])
+    grad_m = torch.randn(7, generator=gen) * 3
+
+    def factors(queries, keys):  # (7, 2) and (5, 2)
+        return torch.sigmoid(net(queries)), torch.sigmoid(net(keys)) * 0.5
+
+    def identity(a, b):
+        return a, b
+
+    results, saved_widths = [], []
+    for recompute in (True, False):
+        net.zero_grad()
+        queries = torch.randn(7, 3, generator=torch.Generator().manual_seed(2), requires_grad=True)
+        keys = torch.randn(5, 3, generator=torch.Generator().manual_seed(3), requires_grad=True)
+        widths = set()
+
+        def pack(t, widths=widths):
+            widths.add(t.shape[-1] if t.dim() == 2 else None)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            inputs = (factors, queries, keys, *net.parameters()) if recompute else (identity, *factors(queries, keys))
+            ones = EdgeSTE.apply(inputs[0], rows, cols, crow, sampled, 1.0, False, *inputs[1:])
+        (ones * grad_m).sum().backward()
+        results.append([queries.grad, keys.grad, *(p.grad for p in net.parameters())])
+        saved_widths.append(widths)
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want)
+    assert results[0][2].abs().sum() > 0
+    assert 2 not in saved_widths[0] and 2 in saved_widths[1], "the factors (width 2) are saved only without recompute"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"position_embedding_type": "rotary"}, {"shared_membership_mlp": False, "ste_variant": "paper"}],
+    ids=["rotary", "headwise-paper"],
+)
+def test_fastrg_layer_recomputing_its_memberships_gives_the_gradients_of_saved_ones(overrides, monkeypatch):
+    """The layer's recomputation makes the memberships the sampler read (same queries, keys, masks and rotation),
+    and against a run that makes them in forward and keeps them (the estimator with the identity), every gradient
+    is the same."""
+    config = make_config(sampling_backend="fastrg", sparsity_weight=0.5, local_window=2, **overrides)
+    x = torch.randn(2, 11, 32, generator=torch.Generator().manual_seed(5))
+    key_valid = torch.tensor([[True] * 11, [True] * 8 + [False] * 3])
+    sampler_read = []
+
+    def recording_sampler(q_memb, k_memb, blocks, **kwargs):
+        sampler_read.append((q_memb.flatten(0, 2), (k_memb @ blocks.transpose(-1, -2)).flatten(0, 2)))
+        return fastrg_edges(q_memb, k_memb, blocks, **kwargs)
+
+    def saved_factors(factors, rows, cols, crow, sampled, clip, triton, queries, keys, *params):
+        made = factors(queries, keys)
+        for got, want in zip(made, sampler_read[-1], strict=True):
+            torch.testing.assert_close(got, want)
+        return EdgeSTE.apply(lambda a, b: (a, b), rows, cols, crow, sampled, clip, triton, *made)
+
+    monkeypatch.setattr("attnzoo.sbm.attention_sbm.fastrg_edges", recording_sampler)
+    results = []
+    for recompute in (True, False):
+        if not recompute:
+            monkeypatch.setattr("attnzoo.sbm.attention_sbm.EdgeSTE", type("Saved", (), {"apply": saved_factors}))
+        attn = make_attention(config).train()
+        inputs = x.clone().requires_grad_()
+        torch.manual_seed(7)  # the same graph
+        out = attn(inputs, key_valid)
+        ((out.hidden_states * torch.linspace(-1, 1, 32)).sum() + out.aux_loss).backward()
+        results.append(({name: p.grad for name, p in attn.named_parameters()}, inputs.grad))
+    (grads, x_grad), (want, x_want) = results
+    torch.testing.assert_close(x_grad, x_want)
+    assert_same_gradients(grads, want, rtol=1e-5, atol=1e-6)
+    assert all(want[name].abs().sum() > 0 for name in want if name.startswith(("clusters", "membership_mlp")))
 
 
 # ----- fastRG law ------------------------------------------------------------------------------------------------
