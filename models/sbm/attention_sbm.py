@@ -440,13 +440,15 @@ class SBMAttention(ZooAttention):
         m = k.shape[2]
         device = q.device
         num_rows, num_cols = B * H * n, B * H * m
-        triton = resolve_backend(cfg.attention_backend, device, q.dtype, k.dtype, v.dtype) == "triton"
+        kernel = resolve_backend(cfg.attention_backend, device, q.dtype, k.dtype, v.dtype)
+        triton = kernel == "triton"
         generator = None
         if not self.training:
             generator = torch.Generator(device=device).manual_seed(self.eval_seed)
-        # The host reserves the edge slots without reading the device, except where that read is free (CPU).
+        # On the Triton path the host reserves the edge slots without reading the device; the others compact the
+        # edge list anyway and read the exact count.
         reserve = None
-        if not reads_draw_counts(device):
+        if not reads_draw_counts(kernel):
             reserve = functools.partial(self.edge_budget.reserve, pairs=B * H * n * m)
         with torch.no_grad():
             structural = self.structural_ids(B, n, m, offset, query_valid, key_valid, device)

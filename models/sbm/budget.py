@@ -14,10 +14,15 @@ from .fastrg import FastRGGraph, poisson_slots
 _EXPECTED_SCALE = 1024
 
 
-def reads_draw_counts(device: torch.device) -> bool:
-    """Whether the fastRG sampler reads its draw count from the device to size the edge list exactly: on CPU, where
-    the read costs nothing; elsewhere an [`EdgeBudget`] reserves the slots."""
-    return device.type == "cpu"
+def reads_draw_counts(kernel: str) -> bool:
+    """Whether the fastRG sampler reads its draw count from the device to size the edge list exactly, given the
+    edge attention's implementation (`"reference"`, `"torch"` or `"triton"`, as resolved by the kernel dispatch).
+
+    Only the Triton kernel takes a padded edge list without compacting it (a host sync on an accelerator), so only
+    its path reserves the slots with an [`EdgeBudget`] instead; the others read the count (free on a CPU). The path
+    follows `attention_backend`, so `"triton"` on a CPU under Triton's interpreter takes CUDA's branch.
+    """
+    return kernel != "triton"
 
 
 class EdgeBudget:

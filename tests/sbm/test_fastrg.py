@@ -260,7 +260,7 @@ def _train_step(attn: SBMAttention, seed: int):
 def test_budget_reserves_without_reading_the_device_and_gives_the_exact_graph(monkeypatch):
     exact = _attention().train()
     budget = _attention().train()
-    monkeypatch.setattr(attention_sbm, "reads_draw_counts", lambda device: False)
+    monkeypatch.setattr(attention_sbm, "reads_draw_counts", lambda kernel: False)
     reads = []
     original = EdgeBudget.reserve
 
@@ -271,9 +271,9 @@ def test_budget_reserves_without_reading_the_device_and_gives_the_exact_graph(mo
     monkeypatch.setattr(EdgeBudget, "reserve", spy)
     for seed in range(3):
         with_budget = _train_step(budget, seed)
-        monkeypatch.setattr(attention_sbm, "reads_draw_counts", lambda device: True)
+        monkeypatch.setattr(attention_sbm, "reads_draw_counts", lambda kernel: True)
         reference = _train_step(exact, seed)
-        monkeypatch.setattr(attention_sbm, "reads_draw_counts", lambda device: False)
+        monkeypatch.setattr(attention_sbm, "reads_draw_counts", lambda kernel: False)
         for got, want in zip(with_budget[:3], reference[:3], strict=True):
             torch.testing.assert_close(got, want)
         for name, grad in reference[3].items():
@@ -284,7 +284,7 @@ def test_budget_reserves_without_reading_the_device_and_gives_the_exact_graph(mo
 
 def test_budget_overflow_warns_on_the_next_call(monkeypatch):
     attn = _attention().train()
-    monkeypatch.setattr(attention_sbm, "reads_draw_counts", lambda device: False)
+    monkeypatch.setattr(attention_sbm, "reads_draw_counts", lambda kernel: False)
     monkeypatch.setattr(EdgeBudget, "headroom", 0.05)  # far too few slots
     with warnings.catch_warnings():
         warnings.simplefilter("error")

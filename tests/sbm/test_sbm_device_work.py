@@ -164,10 +164,9 @@ LAUNCHED_KERNELS = {
 @contextlib.contextmanager
 def cuda_policies() -> Iterator[None]:
     """What differs on CUDA by design, set up on CPU: the CPU-only index range checks of the kernels are not
-    recorded (they read the device on CPU only), and the fastRG sampler reserves its slots with its budget instead
-    of reading its draw count (a free read on CPU only)."""
+    recorded (they read the device on CPU only). The fastRG sampler needs nothing: on the Triton path it reserves its
+    slots with its budget on any device."""
     from attnzoo.kernels import dispatch
-    from attnzoo.sbm import attention_sbm
 
     def unrecorded(check):
         def run(*args, **kwargs):
@@ -176,13 +175,12 @@ def cuda_policies() -> Iterator[None]:
 
         return run
 
-    saved = (dispatch.check_edges, dispatch.check_gathered, attention_sbm.reads_draw_counts)
+    saved = (dispatch.check_edges, dispatch.check_gathered)
     dispatch.check_edges, dispatch.check_gathered = unrecorded(saved[0]), unrecorded(saved[1])
-    attention_sbm.reads_draw_counts = lambda device: False
     try:
         yield
     finally:
-        dispatch.check_edges, dispatch.check_gathered, attention_sbm.reads_draw_counts = saved
+        dispatch.check_edges, dispatch.check_gathered = saved
 
 
 class _Counted:
