@@ -237,7 +237,9 @@ class SBMAttention(ZooAttention):
             return None
         H = self.num_heads
         i = torch.arange(n, device=device)[:, None]
-        j = i + offset + torch.tensor(offsets, dtype=torch.long, device=device)[None]  # (n, T)
+        # The offsets are one range: made on the device, not copied from the host.
+        diagonals = torch.arange(offsets[0], offsets[-1] + 1, device=device) if offsets else i.new_zeros(0)
+        j = i + offset + diagonals[None]  # (n, T)
         if g:
             # The global columns (a pair that is also on a diagonal is merged by the sampler's sort).
             j = torch.cat([j, torch.arange(g, device=device)[None].expand(n, g)], dim=-1)  # (n, T + g)
