@@ -9,9 +9,10 @@ A family calls one function per primitive and passes its `config.attention_backe
 - [`dense_attention`]: masked softmax attention over every key (the dense family, dense fallbacks);
 - [`interpolated_attention`]: every query attends to K points at fractional positions offset from itself, each
   read from its two neighbouring keys (A²-Former); the selection is part of the primitive, so that the Triton
-  implementation computes it inside the kernel.
+  implementation computes it inside the kernel;
 - [`key_slot_attention`]: every key names its queries in fixed slots, with Gaussian confidences and separate softmax
-  groups (FSAT's predicted and exploration edges and its global keys).
+  groups (FSAT's predicted and exploration edges and its global keys);
+- [`uses_flex_attention`]: whether a family's block-sparse pattern goes to FlexAttention ([`attnzoo.kernels.flex`]).
 
 The backend name and the device pick the implementation:
 
@@ -130,6 +131,22 @@ def attentive_sampler(backend: str, device: torch.device) -> Callable[..., tuple
     if resolve_backend(backend, device, torch.float32) != "triton":
         return None
     return _triton_kernels().attentive_sample_triton
+
+
+def uses_flex_attention(backend: str, device: torch.device, *dtypes: torch.dtype) -> bool:
+    """Whether a block-sparse pattern runs through FlexAttention ([`attnzoo.kernels.flex`]) rather than the
+    primitives below: with `"fast"` on CUDA where the Triton kernels could run (FlexAttention compiles to Triton).
+
+    `"triton"` keeps attnzoo's own Triton kernels (so that the two fast paths can be compared), and the CPU keeps the
+    torch paths: torch has no FlexAttention backward there.
+
+    Args:
+        backend (`str`): one of [`ATTENTION_BACKENDS`].
+        device (`torch.device`): device of the inputs.
+        dtypes (`torch.dtype`): dtypes of q, k and v.
+    """
+    implementation = resolve_backend(backend, device, *dtypes)  # validates the name
+    return backend == "fast" and implementation == "triton"
 
 
 def gathered_attention(

@@ -1,33 +1,39 @@
 """Sparse Transformer attention (Child et al., 2019): strided and fixed factorised patterns.
 
-Selection and compute are separate. The selection step is closed-form: :func:`sub_pattern_mask` evaluates a
-sub-pattern for any query/key positions (the reference path and incremental decoding use it) and
+Selection and compute are separate. The selection step is closed-form: [`pattern.sub_pattern`] decides a sub-pattern
+for any query/key positions (the reference path, incremental decoding and FlexAttention's `mask_mod` use it) and
 :func:`merged_pattern_edges` lists the deduplicated (query, key) pairs of a merged pattern for one length (cached).
-The compute step never builds an `N x N` mask:
+The compute step never builds an `N x N` mask. Its fast paths:
 
-- split / interleaved heads: every sub-pattern is a reshape of the sequence followed by SDPA (local window = blocks
-  of `l` queries against their `3l` (causal: `2l`) neighbouring keys; same residue = the transposed `(l, N / l)`
-  view; own block = block-diagonal view; summary = all queries against the gathered summary columns);
-- merged fixed heads: blocks of `l` queries against [own non-summary keys ‖ all summary keys] (one SDPA call);
-- merged strided heads need one softmax over a window and a residue class, which no reshape gives: the shared
-  edge kernel runs over the cached edge list (CSR torch path on CPU, Triton on CUDA: see `attnzoo.kernels.dispatch`).
+- **FlexAttention** (`attention_backend="fast"` on CUDA, the kernel dispatch's choice, without attention dropout in
+  training): the whole layer in one call over a cached, closed-form `BlockMask`, residue heads permuted to
+  class-major order, global rows and columns and padding in the mask (see [`flex_pattern`]). Every pattern but the
+  merged strided heads.
+- **reshapes and the edge kernel** (elsewhere, and for what FlexAttention does not take):
+  - split / interleaved heads: every sub-pattern is a reshape of the sequence followed by SDPA (local window = blocks
+    of `l` queries against their `3l` (causal: `2l`) neighbouring keys; same residue = the transposed `(l, N / l)`
+    view; own block = block-diagonal view; summary = all queries against the gathered summary columns);
+  - merged fixed heads: blocks of `l` queries against [own non-summary keys ‖ all summary keys] (one SDPA call);
+  - merged strided heads need one softmax over a window and a residue class, which no reshape gives, and which
+    touches every tile in any order (no BlockMask skips much): the shared edge kernel runs over the cached edge list
+    (CSR torch path on CPU, Triton on CUDA: see `attnzoo.kernels.dispatch`), padding as -inf logits.
 
-Global tokens (`num_global_tokens > 0`): the global keys join every key set of the reshapes (block, class, window,
-summary columns) unless the set already holds them, masked per group so that each key counts once; a causal pattern
-with global columns and the merged strided heads take the edge kernel.
-On CUDA the reshapes run on SDPA's FlashAttention / memory-efficient kernels with dense tiles. FlexAttention's
-`BlockMask` is not used for the merged strided heads: their residue sub-pattern touches every 128 x 128 block, so it
-would skip almost none (`research/performance.md` §1.2); the per-row edge kernel does O(N K) work instead. Neither
-choice has been measured on a GPU yet.
+  Global tokens (`num_global_tokens > 0`): the global keys join every key set of the reshapes (block, class, window,
+  summary columns) unless the set already holds them, masked per group so that each key counts once; a causal pattern
+  with global columns and the merged strided heads take the edge kernel. Lengths that are not a multiple of `l` are
+  padded internally with masked keys and sliced back.
 
-Lengths that are not a multiple of `l` are padded internally with masked keys and sliced back.
+The index tensors every path needs (and the density) are built once per length and device, so that no forward copies
+host data to the device or selects with a boolean mask (each a wait for the device on CUDA).
+Which fast path is faster on a GPU has not been measured yet (`scripts/tools/bench_sparse_transformer_flex.py`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,85 +48,18 @@ from ..kernels import (
     resolve_backend,
     unflatten_heads,
 )
+from ..kernels.dispatch import uses_flex_attention
 from .configuration_sparse_transformer import SparseTransformerConfig
-
-#: the two sub-patterns (A1, A2) of each pattern
-SUB_PATTERNS = {"strided": ("local", "residue"), "fixed": ("block", "summary")}
-
-
-@dataclass(frozen=True)
-class PatternSpec:
-    """Everything that defines the pattern of one attention module (hashable: it keys the caches).
-
-    Args:
-        stride (`int`): stride / block length `l`.
-        summary_size (`int`): summary positions `c` per block (fixed pattern).
-        causal (`bool`): keys after the query are excluded.
-        first_column (`bool`): the summary sub-pattern also keeps the first position of every block (LRA).
-        num_global (`int`): every query also attends to the first `num_global` keys (global columns; the global
-            rows are computed by the core, see `attnzoo.core.global_tokens`).
-    """
-
-    stride: int
-    summary_size: int
-    causal: bool
-    first_column: bool = False
-    num_global: int = 0
-
-
-def summary_positions(length: int, spec: PatternSpec, device: torch.device | None = None) -> Tensor:
-    """Positions `j < length` of the fixed pattern's summary columns, ascending."""
-    j = torch.arange(length, device=device)
-    offset = j % spec.stride
-    keep = offset >= spec.stride - spec.summary_size
-    if spec.first_column:
-        keep |= offset == 0
-    return j[keep]
-
-
-def sub_pattern_mask(kind: str, q_pos: Tensor, k_pos: Tensor, spec: PatternSpec) -> Tensor:
-    """`(Nq, Nk)` boolean mask of one sub-pattern for arbitrary query and key positions (True = attended).
-
-    Args:
-        kind (`str`): `"local"`, `"residue"` (strided A1, A2), `"block"` or `"summary"` (fixed A1, A2).
-        q_pos (`torch.LongTensor` of shape `(Nq,)`): absolute query positions.
-        k_pos (`torch.LongTensor` of shape `(Nk,)`): absolute key positions.
-        spec ([`PatternSpec`]): the pattern.
-    """
-    i, j = q_pos[:, None], k_pos[None, :]
-    stride = spec.stride
-    if kind == "local":
-        mask = (i - j).abs() <= stride
-    elif kind == "residue":
-        mask = torch.remainder(i - j, stride) == 0
-    elif kind == "block":
-        mask = torch.div(i, stride, rounding_mode="floor") == torch.div(j, stride, rounding_mode="floor")
-    elif kind == "summary":
-        offset = j % stride
-        mask = (offset >= stride - spec.summary_size).expand(i.shape[0], -1)
-        if spec.first_column:
-            mask = mask | (offset == 0)
-    else:
-        raise ValueError(f"unknown sub-pattern {kind!r}")
-    if spec.causal:
-        mask = mask & (j <= i)
-    return mask
-
-
-def pattern_mask(kinds: tuple[tuple[str, ...], ...], q_pos: Tensor, k_pos: Tensor, spec: PatternSpec) -> Tensor:
-    """`(H, Nq, Nk)` mask: head `h` attends to the union of the sub-patterns `kinds[h]` and the global columns."""
-    cache: dict[tuple[str, ...], Tensor] = {}
-    masks = []
-    for head_kinds in kinds:
-        if head_kinds not in cache:
-            mask = torch.zeros(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
-            for kind in head_kinds:
-                mask |= sub_pattern_mask(kind, q_pos, k_pos, spec)
-            if spec.num_global:
-                mask |= (k_pos < spec.num_global)[None, :]
-            cache[head_kinds] = mask
-        masks.append(cache[head_kinds])
-    return torch.stack(masks)
+from .flex_pattern import flex_pattern_attention, takes_flex
+from .pattern import (
+    SUB_PATTERNS,
+    PatternSpec,
+    device_cache,
+    is_summary_column,
+    pattern_mask,
+    sub_pattern_mask,
+    summary_positions,
+)
 
 
 def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec) -> tuple[Tensor, Tensor]:
@@ -156,12 +95,41 @@ def _merged_pattern_edges_cpu(kinds: tuple[str, ...], length: int, spec: Pattern
     return torch.div(flat, length, rounding_mode="floor"), flat % length
 
 
+@device_cache
 def merged_pattern_edges(
     kinds: tuple[str, ...], length: int, spec: PatternSpec, device: torch.device
 ) -> tuple[Tensor, Tensor]:
     """Row-sorted, duplicate-free `(rows, cols)` of the union of `kinds` for `length` tokens (one head)."""
     rows, cols = _merged_pattern_edges_cpu(kinds, length, spec)
     return rows.to(device), cols.to(device)
+
+
+class FixedColumns(NamedTuple):
+    """Key positions of the fixed pattern's reshaped paths at one length, on one device (see [`fixed_columns`])."""
+
+    #: `(S,)` the summary columns, ascending
+    summary: Tensor
+    #: `(S',)` the summary columns and the global columns, ascending, each once
+    summary_and_global: Tensor
+    #: `(m,)` offsets inside a block of the keys that are not summary columns
+    own: Tensor
+    #: `(E,)` global columns that are not summary columns
+    extra: Tensor
+
+
+@device_cache
+def fixed_columns(length: int, spec: PatternSpec, device: torch.device) -> FixedColumns:
+    """The [`FixedColumns`] of `length` tokens (built once on the CPU: the boolean selections and `unique` would
+    each wait for the device there)."""
+    summary = summary_positions(length, spec)
+    glob = torch.arange(_global_count(spec, length))
+    offsets = torch.arange(spec.stride)
+    return FixedColumns(
+        summary=summary.to(device),
+        summary_and_global=torch.unique(torch.cat([summary, glob])).to(device),
+        own=offsets[~is_summary_column(offsets, spec)].to(device),
+        extra=glob[~torch.isin(glob, summary)].to(device),
+    )
 
 
 def _pad_length(x: Tensor, length: int, dim: int = 2, value: float | bool = 0) -> Tensor:
@@ -316,11 +284,9 @@ def block_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, sca
 def summary_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
     """Fixed A2, `j mod l >= l - c`: every query against the `c * N / l` gathered summary keys (one SDPA call)."""
     length = q.shape[2]
-    positions = summary_positions(length, spec, q.device)  # (S,)
-    g = _global_count(spec, length)
-    if g:
-        # The same keys for every query: the global columns join the summary columns (each key once).
-        positions = torch.unique(torch.cat([positions, torch.arange(g, device=q.device)]))
+    # The same keys for every query: the global columns join the summary columns (each key once).
+    columns = fixed_columns(length, spec, q.device)
+    positions = columns.summary_and_global if _global_count(spec, length) else columns.summary  # (S,)
     if positions.numel() == 0:
         return torch.zeros_like(q)
     k_sum, v_sum = k.index_select(2, positions), v.index_select(2, positions)  # (B, h, S, d)
@@ -344,16 +310,13 @@ def merged_fixed_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
     blocks = math.ceil(length / stride)
     padded = blocks * stride
     device = q.device
-    positions = summary_positions(length, spec, device)  # (S,)
+    positions, _, own, extra = fixed_columns(length, spec, device)  # (S,), (m,) offsets of own keys, (E,)
     offsets = torch.arange(stride, device=device)
-    own = offsets[~sub_pattern_mask("summary", offsets[:1], offsets, replace(spec, causal=False))[0]]  # (m,)
 
     def own_keys(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h, nb, m, d)
         return _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).index_select(3, own)
 
-    # Global columns that are not summary columns are some block's own keys: block b adds those outside it.
-    extra = torch.arange(_global_count(spec, length), device=device)
-    extra = extra[~torch.isin(extra, positions)]  # (E,)
+    # Global columns that are not summary columns (`extra`) are some block's own keys: block b adds those outside it.
     shared = torch.cat([positions, extra])  # (S + E,) keys appended to every block
 
     def block_keys(x: Tensor) -> Tensor:  # (B, h * nb, m + S + E, d)
@@ -440,13 +403,29 @@ def _pattern_counts(kinds: tuple[tuple[str, ...], ...], length: int, spec: Patte
     return tuple(counts)
 
 
+@device_cache
+def _density(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec, device: torch.device) -> Tensor:
+    """`(H,)` density of every head at `length`, on `device`: built once, where copying the counts to the device at
+    every forward would make CUDA wait."""
+    counts = torch.tensor(_pattern_counts(kinds, length, spec), dtype=torch.float32)
+    return (counts / float(length * length)).to(device)
+
+
+@dataclass
+class FlexAttentionOutput(AttentionOutput):
+    """An [`AttentionOutput`] whose hidden states hold the global queries' rows already (FlexAttention's mask gives
+    them every real key), so that the core does not compute them again."""
+
+
 class SparseTransformerAttention(ZooAttention):
     """Strided or fixed factorised self-attention (Child et al., 2019), bidirectional or causal with a KV cache.
 
     The pattern comes from the config (see [`SparseTransformerConfig`]); as decoder self-attention it is always
     causal. `config.attention_backend="reference"` (and `output_attentions=True`) runs dense masked attention over
     the same pattern (the plain truth of the reshapes and edge lists); incremental decoding steps build only the
-    pattern rows of the new queries. Otherwise the edge kernel's implementation follows `attention_backend`.
+    pattern rows of the new queries. Otherwise a fast path runs (module docstring): FlexAttention where the kernel
+    dispatch takes it (`"fast"` on CUDA), else the reshapes and the edge kernel, whose implementation follows
+    `attention_backend`.
     `density` is the fraction of the `N x N` (query, key) pairs each head attends to at the padded length `N`.
     """
 
@@ -483,9 +462,19 @@ class SparseTransformerAttention(ZooAttention):
         return pattern_mask(self.head_kinds, q_pos, k_pos, self.spec)
 
     def density(self, length: int, device: torch.device) -> Tensor:
-        """`(H,)` fraction of the `length x length` (query, key) pairs each head attends to."""
-        counts = _pattern_counts(self.head_kinds, length, self.spec)
-        return torch.tensor(counts, dtype=torch.float32, device=device) / float(length * length)
+        """`(H,)` fraction of the `length x length` (query, key) pairs each head attends to (a cached constant: do
+        not modify it in place)."""
+        return _density(self.head_kinds, length, self.spec, device)
+
+    def runs_flex(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Whether the pattern of this forward runs as one FlexAttention call (the kernel dispatch's choice for the
+        backend and device; every head block-sparse in some order; no attention dropout, which FlexAttention lacks)."""
+        backend = self.config.attention_backend
+        return (
+            uses_flex_attention(backend, q.device, q.dtype, k.dtype, v.dtype)
+            and takes_flex(self.head_kinds)
+            and not (self.training and self.dropout > 0)
+        )
 
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
         q_len, k_len = q.shape[2], k.shape[2]
@@ -497,12 +486,20 @@ class SparseTransformerAttention(ZooAttention):
             if key_valid is not None:
                 mask = mask & key_valid[:, None, None, :]
             out = self.dense_reference(q, k, v, mask, output_attentions)
+        elif self.runs_flex(q, k, v):
+            hidden = flex_pattern_attention(q, k, v, key_valid, self.head_kinds, self.spec, self.scaling)
+            out = FlexAttentionOutput(hidden_states=hidden)
         else:
             out = AttentionOutput(hidden_states=self.fast_attention(q, k, v, key_valid))
         if not incremental:
             # The pattern does not depend on the example: every row of the batch has the same density.
             out.density = self.density(k_len, q.device).expand(q.shape[0], -1)
         return out
+
+    def with_global_rows(self, out, q, k, v, key_valid):
+        if isinstance(out, FlexAttentionOutput):
+            return out  # FlexAttention's mask gave the global queries every real key already
+        return super().with_global_rows(out, q, k, v, key_valid)
 
     def head_groups(self) -> list[tuple[slice, tuple[str, ...]]]:
         """Runs of consecutive heads with the same sub-patterns: `(heads, kinds)`."""
@@ -542,16 +539,19 @@ class SparseTransformerAttention(ZooAttention):
         offsets = batch_head_offsets(batch, heads, length, q.device).reshape(-1, 1)  # (B * H, 1)
         all_rows = (rows[None] + offsets).reshape(-1)
         all_cols = (cols[None] + offsets).reshape(-1)
+        padding = None
         if key_valid is not None:
-            keep = key_valid[:, None, :].expand(-1, heads, -1).reshape(batch * heads, length)
-            keep = keep.gather(1, cols[None].expand(batch * heads, -1)).reshape(-1)  # (B * H * E1,)
-            all_rows, all_cols = all_rows[keep], all_cols[keep]
+            # Edges to padding get a -inf logit rather than being dropped: a boolean selection would wait for the
+            # device to learn how many edges remain.
+            real = key_valid.index_select(1, cols)[:, None, :].expand(-1, heads, -1).reshape(-1)  # (B * H * E1,)
+            padding = torch.where(real, 0.0, float("-inf"))
         out = edge_attention(
             flatten_heads(q),
             flatten_heads(k),
             flatten_heads(v),
             all_rows,
             all_cols,
+            logit_bias=padding,
             scale=self.scaling,
             dropout_p=dropout_p,
             training=self.training,

@@ -1,0 +1,119 @@
+"""The FlexAttention helpers of `attnzoo.kernels.flex` and the dispatch's choice of them: tile lists as
+`create_block_mask` builds them, the per-head permutation forward and backward against plain indexing, and the CPU
+forward against dense masked attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+from attnzoo.kernels import dense_masked_attention
+from attnzoo.kernels.dispatch import uses_flex_attention
+from attnzoo.kernels.flex import PositionPermutation, block_mask_from_tiles, flex_block_attention, with_mask_mod
+
+
+def _band(b, h, q_idx, kv_idx):
+    return ((q_idx - kv_idx).abs() <= 20) | (kv_idx == 0)
+
+
+def _tiles(block_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense `(H, Q, K)` partial and full tile flags of a batch-1 BlockMask."""
+    heads, rows = block_mask.kv_num_blocks.shape[1:]
+    cols = block_mask.kv_indices.shape[-1]
+    dense = []
+    for counts, indices in (
+        (block_mask.kv_num_blocks, block_mask.kv_indices),
+        (block_mask.full_kv_num_blocks, block_mask.full_kv_indices),
+    ):
+        listed = torch.arange(cols) < counts[0, ..., None]  # (H, Q, K): the first `count` entries are the tiles
+        flags = torch.zeros(heads, rows, cols, dtype=torch.bool)
+        dense.append(flags.scatter_(-1, indices[0].long(), listed))
+    return dense[0], dense[1]
+
+
+@pytest.mark.parametrize("block", [(16, 16), (32, 16), (16, 32)])
+def test_block_mask_from_tiles_lists_the_tiles_as_create_block_mask_does(block):
+    expected = create_block_mask(_band, 1, 2, 100, 100, device="cpu", BLOCK_SIZE=block)
+    partial, full = _tiles(expected)
+    built = block_mask_from_tiles(
+        partial, full, q_block=block[0], kv_block=block[1], seq_lengths=(100, 100), mask_mod=_band
+    )
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        assert torch.equal(getattr(built, name), getattr(expected, name)), name
+    for name in ("kv_indices", "full_kv_indices", "q_indices", "full_q_indices"):
+        counts = getattr(built, name.replace("indices", "num_blocks"))
+        listed = torch.arange(getattr(built, name).shape[-1]) < counts[..., None]
+        assert torch.equal(getattr(built, name)[listed], getattr(expected, name)[listed]), name
+    assert built.BLOCK_SIZE == expected.BLOCK_SIZE and built.seq_lengths == expected.seq_lengths
+    # Without full tiles every tile goes through the mask rule.
+    only_partial = block_mask_from_tiles(
+        partial | full, None, q_block=block[0], kv_block=block[1], seq_lengths=(100, 100), mask_mod=_band
+    )
+    assert only_partial.full_kv_num_blocks is None
+    assert torch.equal(only_partial.kv_num_blocks, expected.kv_num_blocks + expected.full_kv_num_blocks)
+
+
+def test_overlapping_partial_and_full_tiles_raise():
+    tiles = torch.ones(1, 2, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="both partial and full"):
+        block_mask_from_tiles(tiles, tiles, q_block=16, kv_block=16, seq_lengths=(32, 32), mask_mod=_band)
+
+
+def test_cpu_forward_equals_dense_masked_attention_and_gives_zero_rows_without_keys():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 100, 8, dtype=torch.float64) for _ in range(3))
+    valid = torch.ones(2, 100, dtype=torch.bool)
+    valid[1, 60:] = False
+    valid[1, 0] = False
+
+    def padded_band(b, h, q_idx, kv_idx):
+        return _band(b, h, q_idx, kv_idx) & valid[b, kv_idx] & (q_idx < 90)  # rows from 90 on attend nothing
+
+    block_mask = create_block_mask(_band, 1, 2, 100, 100, device="cpu", BLOCK_SIZE=16)
+    out = flex_block_attention(q, k, v, with_mask_mod(block_mask, padded_band), scale=0.3)
+    i, j = torch.arange(100)[:, None], torch.arange(100)[None, :]
+    mask = (((i - j).abs() <= 20) | (j == 0)) & valid[:, None, None, :] & (i < 90)
+    expected, _ = dense_masked_attention(q, k, v, mask, scale=0.3)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    assert not out[:, :, 90:].any()
+
+
+@pytest.mark.parametrize("layout", ["heads_split", "contiguous"])
+def test_position_permutation_equals_indexing_forward_and_backward(layout):
+    torch.manual_seed(0)
+    batch, heads, length, dim = 2, 3, 11, 4
+    table = torch.stack([torch.randperm(length) for _ in range(heads)])
+    permutation = PositionPermutation(table)
+    if layout == "heads_split":  # (B, N, H, d) memory, as the attention's head split leaves q, k and v
+        x = torch.randn(batch, length, heads, dim, dtype=torch.float64).transpose(1, 2)
+    else:
+        x = torch.randn(batch, heads, length, dim, dtype=torch.float64)
+    x.requires_grad_(True)
+    out = permutation.apply(x)
+    expected = torch.stack([x[:, h, table[h]] for h in range(heads)], dim=1)
+    assert torch.equal(out, expected)
+    assert out.stride() == x.stride()  # the memory layout is kept (no copy where the kernels read either)
+    grad = torch.randn_like(out)
+    assert torch.equal(*(torch.autograd.grad(y, x, grad)[0] for y in (out, expected)))
+    restored = permutation.undo(permutation.apply(x))
+    assert torch.equal(restored, x)
+    assert torch.equal(torch.autograd.grad(restored, x, grad)[0], grad)
+    # A layout that is neither is read through a copy, with the same values.
+    odd = x.detach().permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    assert torch.equal(permutation.apply(odd), expected.detach())
+
+
+def test_dispatch_takes_flex_for_fast_on_cuda_only():
+    pytest.importorskip("triton")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert uses_flex_attention("fast", cuda, torch.bfloat16, torch.bfloat16, torch.bfloat16)
+    assert uses_flex_attention("fast", cuda, torch.float32)
+    # fp64 stays on the torch paths, as with the Triton kernels
+    assert not uses_flex_attention("fast", cuda, torch.float64)
+    assert not uses_flex_attention("fast", cuda, torch.float32, torch.bfloat16)
+    assert not uses_flex_attention("fast", cpu, torch.float32)  # no FlexAttention backward on CPU
+    assert not uses_flex_attention("triton", cuda, torch.float32)  # attnzoo's own Triton kernels
+    assert not uses_flex_attention("reference", cuda, torch.float32)
+    with pytest.raises(ValueError, match="attention_backend"):
+        uses_flex_attention("flash", cuda, torch.float32)
