@@ -90,9 +90,10 @@ def with_mask_mod(block_mask: BlockMask, mask_mod: MaskMod) -> BlockMask:
 
 @functools.cache
 def _compiled_flex_attention() -> Callable[..., Tensor]:
-    # FlexAttention is a fused kernel only when compiled; eagerly it materialises every score. `dynamic=False`: one
-    # kernel per sequence length, as the family caches one BlockMask per length.
-    return torch.compile(flex_attention, dynamic=False)
+    # FlexAttention is a fused kernel only when compiled; eagerly it materialises every score. Compiled with
+    # dynamo's automatic dynamic shapes: a second sequence length recompiles once for all lengths, where static
+    # shapes would recompile per length until dynamo's limit and then run eagerly.
+    return torch.compile(flex_attention)
 
 
 def flex_block_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, *, scale: float) -> Tensor:

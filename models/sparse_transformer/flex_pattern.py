@@ -108,10 +108,13 @@ def classify_tiles(
         # i - j ranges over [qs - kl, ql - ks]; the band is [-l, l] ([0, l] when causal).
         touched = (ql - ks >= (0 if spec.causal else -stride)) & (qs - kl <= stride)
         covered = (x >= b - stride) & (y <= a + (0 if spec.causal else stride))
-    elif kinds == ("residue",) or "block" in kinds:
+    else:
+        touched = torch.zeros(qs.shape[0], ks.shape[1], dtype=torch.bool)
+        covered = torch.zeros_like(touched)
+    if kinds[0] in ("residue", "block"):
         # Segments: residue classes (contiguous in class-major order) or blocks of l; rows' and cols' all in one.
         segment = order % stride if kinds == ("residue",) else position // stride
-        seg_start = torch.zeros(int(segment.max()) + 2, dtype=torch.long).scatter_reduce(
+        seg_start = torch.zeros(int(segment.max()) + 1, dtype=torch.long).scatter_reduce(
             0, segment, position, "amin", include_self=False
         )
         seg_end = torch.zeros_like(seg_start).scatter_reduce(0, segment, position, "amax", include_self=False)
@@ -119,31 +122,23 @@ def classify_tiles(
         own = segment[a.clamp(max=length - 1)]
         one_segment = own == segment[b.clamp(min=0)]
         covered = one_segment & (x >= seg_start[own]) & (y <= seg_end[own])
-        if "summary" in kinds:
-            # Fixed, merged: the keys off the summary columns must all lie in the rows' own block.
-            off_summary = ~is_summary_column(order, spec) & ~is_global
-            off_first = _per_tile(torch.where(off_summary, position, length), kv_tile, length, "amin")[None, :]
-            off_last = _per_tile(torch.where(off_summary, position, -1), kv_tile, -1, "amax")[None, :]
-            touched = touched | _summary_touched(order, spec, kv_tile, ql, length)
-            in_own_block = one_segment & (off_first >= seg_start[own]) & (off_last <= seg_end[own])
-            covered = (off_first == length) | in_own_block
-    else:  # ("summary",)
-        touched = _summary_touched(order, spec, kv_tile, ql, length)
+    if "summary" in kinds:
+        # A key tile holds a summary column (when causal, one not after the query tile's last row)...
+        summary = _per_tile(torch.where(is_summary_column(order, spec), position, length), kv_tile, length, "amin")
+        touched = touched | (summary[None, :] <= ql if spec.causal else summary[None, :] < length)
+        # ... and its other keys (neither summary nor global columns) are none, or all in the rows' own block.
         off_summary = ~is_summary_column(order, spec) & ~is_global
-        covered = ~_per_tile(off_summary, kv_tile, False, "any")[None, :]
+        off_first = _per_tile(torch.where(off_summary, position, length), kv_tile, length, "amin")[None, :]
+        off_last = _per_tile(torch.where(off_summary, position, -1), kv_tile, -1, "amax")[None, :]
+        covered = off_first == length
+        if "block" in kinds:
+            covered = covered | (one_segment & (off_first >= seg_start[own]) & (off_last <= seg_end[own]))
     if spec.causal:
         covered = covered & (y <= a)
     complete = (qs + q_tile <= length) & (ks + kv_tile <= length)
     full = complete & ((a == length) | (x == length) | covered)
     touched = touched | global_row | global_col | full
     return touched, full
-
-
-def _summary_touched(order: Tensor, spec: PatternSpec, kv_tile: int, ql: Tensor, length: int) -> Tensor:
-    """Tiles holding a summary column (when causal, one not after the query tile's last row)."""
-    position = torch.arange(length)
-    first_summary = _per_tile(torch.where(is_summary_column(order, spec), position, length), kv_tile, length, "amin")
-    return first_summary[None, :] <= ql if spec.causal else (first_summary < length)[None, :].expand(ql.shape[0], -1)
 
 
 @dataclass(frozen=True)
@@ -256,6 +251,7 @@ def flex_pattern_attention(
     head_kinds: tuple[tuple[str, ...], ...],
     spec: PatternSpec,
     scale: float,
+    block_size: tuple[int, int] = FLEX_BLOCK_SIZE,
 ) -> Tensor:
     """The layer's pattern attention, global rows included, in one FlexAttention call; `(B, H, N, d)` in and out.
 
@@ -265,8 +261,9 @@ def flex_pattern_attention(
         head_kinds (`tuple`): the sub-patterns of every head (all in [`FLEX_KINDS`]).
         spec ([`PatternSpec`]): the pattern.
         scale (`float`): logit scale.
+        block_size (`tuple[int, int]`, *optional*): query and key tile (multiples of the kernel's tiles).
     """
-    layout = flex_pattern(head_kinds, q.shape[2], spec, q.device)
+    layout = flex_pattern(head_kinds, q.shape[2], spec, q.device, block_size)
     block_mask = layout.block_mask
     if key_valid is not None:
         block_mask = with_mask_mod(layout.padded_tiles, layout.mask_mod(key_valid))

@@ -18,6 +18,7 @@ from attnzoo.registry import FAMILIES
 from attnzoo.sparse_transformer import SparseTransformerAttention, SparseTransformerConfig
 from attnzoo.sparse_transformer.flex_pattern import class_major_order, flex_pattern
 from attnzoo.sparse_transformer.pattern import PatternSpec
+from source_checkout import load_script
 
 LOCAL, RESIDUE, BLOCK, SUMMARY = ("local",), ("residue",), ("block",), ("summary",)
 MERGED_FIXED = ("block", "summary")
@@ -91,9 +92,9 @@ def test_class_major_order_makes_each_residue_class_one_run_in_token_order(lengt
     assert order.tolist() == expected
 
 
-def _attention(pattern: str, assignment: str, causal: bool, layer_idx: int, num_global: int):
+def _attention(pattern: str, assignment: str, causal: bool, layer_idx: int, num_global: int, hidden_size: int = 32):
     config = SparseTransformerConfig(
-        hidden_size=32,
+        hidden_size=hidden_size,
         num_attention_heads=4,
         vocab_size=100,
         attention_probs_dropout_prob=0.0,
@@ -268,12 +269,12 @@ def test_flex_layer_adds_few_ops_and_no_sync_over_dense(train, flex_on_this_devi
 def test_flex_forward_and_backward_on_cuda_equal_reference(pattern, assignment, causal):
     torch.manual_seed(0)
     n = 300  # several 128-tiles with a tail
-    attention = _attention(pattern, assignment, causal, 1, 3).cuda()
-    q, k, v = (torch.randn(2, 4, n, 8, device="cuda", requires_grad=True) for _ in range(3))
+    attention = _attention(pattern, assignment, causal, 1, 3, hidden_size=64).cuda()  # d = 16: Triton's smallest dot
+    q, k, v = (torch.randn(2, 4, n, 16, device="cuda", requires_grad=True) for _ in range(3))
     key_valid = torch.ones(2, n, dtype=torch.bool, device="cuda")
     key_valid[1, 230:] = False
     key_valid[0, 1] = False
-    grad = torch.randn(2, 4, n, 8, device="cuda")
+    grad = torch.randn(2, 4, n, 16, device="cuda")
     assert attention.runs_flex(q, k, v)
     results = []
     for backend in ("fast", "reference"):
@@ -288,8 +289,8 @@ def test_flex_forward_and_backward_on_cuda_equal_reference(pattern, assignment, 
 @pytest.mark.gpu
 def test_flex_layer_under_bf16_autocast_runs_without_device_syncs():
     torch.manual_seed(0)
-    attention = _attention("strided", "split", False, 0, 1).cuda().train()
-    hidden = torch.randn(2, 512, 32, device="cuda", requires_grad=True)
+    attention = _attention("strided", "split", False, 0, 1, hidden_size=64).cuda().train()
+    hidden = torch.randn(2, 512, 64, device="cuda", requires_grad=True)
     key_valid = torch.ones(2, 512, dtype=torch.bool, device="cuda")
     key_valid[1, 400:] = False
     assert attention.runs_flex(hidden.bfloat16(), hidden.bfloat16(), hidden.bfloat16())
@@ -334,3 +335,15 @@ def test_compiled_flex_on_cpu_equals_reference_through_the_tiles():
         out = attention.with_global_rows(st_attention.FlexAttentionOutput(out), q, k, v, valid).hidden_states
         expected = _attend(attention, q, k, v, valid, "reference")
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_gpu_benchmark_program_runs_its_dry_run(tmp_path):
+    # The micro-benchmark the GPU command calls (scripts/tools/bench_sparse_transformer_flex.py), at toy sizes on CPU.
+    bench = load_script("tools/bench_sparse_transformer_flex")
+    result = bench.main(["--dry-run", "--patterns", "strided-split", "--output-dir", str(tmp_path)])
+    rows = {row["method"]: row for row in result["rows"]}
+    assert set(rows) == {"dense", "flex", "reshape"} and not any("error" in row for row in rows.values())
+    assert rows["flex"]["max_abs_diff_vs_reshape"] < 1e-5  # the two fast paths compute the same attention
+    assert (tmp_path / "st_flex.json").is_file() and "| strided-split | 192 | flex |" in (
+        tmp_path / "st_flex.md"
+    ).read_text()
