@@ -120,18 +120,20 @@ def _attend(attention, q, k, v, key_valid, backend):
     return attention.with_global_rows(out, q, k, v, key_valid).hidden_states  # the core adds the global rows
 
 
+# Interleaved layers alternate the two sub-patterns: both layers of each.
 @pytest.mark.parametrize(
-    ("pattern", "assignment"),
+    ("pattern", "assignment", "layer_idx"),
     [
-        ("strided", "split"),
-        ("strided", "interleaved"),
-        ("fixed", "split"),
-        ("fixed", "merged"),
-        ("fixed", "interleaved"),
+        ("strided", "split", 0),
+        ("strided", "interleaved", 0),
+        ("strided", "interleaved", 1),
+        ("fixed", "split", 0),
+        ("fixed", "merged", 0),
+        ("fixed", "interleaved", 0),
+        ("fixed", "interleaved", 1),
     ],
 )
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("layer_idx", [0, 1])
 # Global columns: 3 inside the first block, 10 reaching into the second (stride 8).
 @pytest.mark.parametrize("num_global", [0, 3, 10])
 def test_flex_forward_equals_reference(pattern, assignment, causal, layer_idx, num_global, flex_on_this_device):
