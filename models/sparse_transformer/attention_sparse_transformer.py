@@ -59,6 +59,7 @@ from .pattern import (
     pattern_mask,
     sub_pattern_mask,
     summary_positions,
+    to_device,
 )
 
 
@@ -101,7 +102,7 @@ def merged_pattern_edges(
 ) -> tuple[Tensor, Tensor]:
     """Row-sorted, duplicate-free `(rows, cols)` of the union of `kinds` for `length` tokens (one head)."""
     rows, cols = _merged_pattern_edges_cpu(kinds, length, spec)
-    return rows.to(device), cols.to(device)
+    return to_device(rows, device), to_device(cols, device)
 
 
 class FixedColumns(NamedTuple):
@@ -125,10 +126,10 @@ def fixed_columns(length: int, spec: PatternSpec, device: torch.device) -> Fixed
     glob = torch.arange(_global_count(spec, length))
     offsets = torch.arange(spec.stride)
     return FixedColumns(
-        summary=summary.to(device),
-        summary_and_global=torch.unique(torch.cat([summary, glob])).to(device),
-        own=offsets[~is_summary_column(offsets, spec)].to(device),
-        extra=glob[~torch.isin(glob, summary)].to(device),
+        summary=to_device(summary, device),
+        summary_and_global=to_device(torch.unique(torch.cat([summary, glob])), device),
+        own=to_device(offsets[~is_summary_column(offsets, spec)], device),
+        extra=to_device(glob[~torch.isin(glob, summary)], device),
     )
 
 
@@ -408,7 +409,7 @@ def _density(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec,
     """`(H,)` density of every head at `length`, on `device`: built once, where copying the counts to the device at
     every forward would make CUDA wait."""
     counts = torch.tensor(_pattern_counts(kinds, length, spec), dtype=torch.float32)
-    return (counts / float(length * length)).to(device)
+    return to_device(counts / float(length * length), device)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
 from ..kernels.flex import MaskMod, PositionPermutation, block_mask_from_tiles, flex_block_attention, with_mask_mod
-from .pattern import SUB_PATTERNS, PatternSpec, device_cache, is_summary_column, sub_pattern
+from .pattern import SUB_PATTERNS, PatternSpec, device_cache, is_summary_column, sub_pattern, to_device
 
 #: Query and key tile of the BlockMask: FlexAttention's default, which its compiled kernels' tiles always divide.
 FLEX_BLOCK_SIZE = (128, 128)
@@ -229,13 +229,13 @@ def flex_pattern(
     touched_h, full_h = torch.stack(touched)[per_head], torch.stack(full)[per_head]  # (H, Q tiles, K tiles)
     table = None
     if any(kinds == ("residue",) for kinds in head_kinds):
-        table = torch.stack([orders[kinds] for kinds in head_kinds]).to(device)
-    group_of_head = per_head.to(device) if len(groups) > 1 else None
+        table = to_device(torch.stack([orders[kinds] for kinds in head_kinds]), device)
+    group_of_head = to_device(per_head, device) if len(groups) > 1 else None
     structure = pattern_mask_mod(head_kinds, spec, table, group_of_head, None)
     kwargs = {"q_block": q_tile, "kv_block": kv_tile, "seq_lengths": (length, length), "mask_mod": structure}
     return FlexPattern(
-        block_mask=block_mask_from_tiles(touched_h & ~full_h, full_h, **kwargs).to(device),
-        padded_tiles=block_mask_from_tiles(touched_h, None, **kwargs).to(device),
+        block_mask=to_device(block_mask_from_tiles(touched_h & ~full_h, full_h, **kwargs), device),
+        padded_tiles=to_device(block_mask_from_tiles(touched_h, None, **kwargs), device),
         permutation=None if table is None else PositionPermutation(table),
         group_of_head=group_of_head,
         head_kinds=head_kinds,

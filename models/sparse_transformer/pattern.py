@@ -16,11 +16,13 @@ from typing import TypeVar
 
 import torch
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask
 
 #: the two sub-patterns (A1, A2) of each pattern
 SUB_PATTERNS = {"strided": ("local", "residue"), "fixed": ("block", "summary")}
 
 _R = TypeVar("_R")
+_Movable = TypeVar("_Movable", Tensor, BlockMask)
 
 
 @dataclass(frozen=True)
@@ -132,3 +134,17 @@ def device_cache(builder: Callable[..., _R]) -> Callable[..., _R]:
 
     lookup.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
     return lookup
+
+
+def to_device(value: _Movable, device: torch.device) -> _Movable:
+    """`value` (a tensor or a `BlockMask`) on `device`: the one place where the builders of [`device_cache`] copy
+    what they built on the CPU (a copy from the host, which CUDA waits for: once per cache entry, never per forward).
+
+    Args:
+        value (`torch.Tensor` or `BlockMask`): a constant of the pattern, built on the CPU.
+        device (`torch.device`): where the layer runs.
+
+    Returns:
+        The same kind of object on `device`.
+    """
+    return value.to(device)
