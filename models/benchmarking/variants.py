@@ -60,5 +60,8 @@ VARIANTS: dict[str, dict[str, Overrides]] = {
         "fixed_split": {"sparse_pattern": "fixed", "sparse_head_assignment": "split"},
         "fixed_merged": {"sparse_pattern": "fixed", "sparse_head_assignment": "merged"},
         "strided_merged": {"sparse_head_assignment": "merged"},
+        # The other CUDA fast path: reshapes into SDPA and attnzoo's Triton edge kernel, against the FlexAttention
+        # call that the default ("fast") takes on CUDA; the faster one should be the default.
+        "triton_kernels": {"attention_backend": "triton"},
     },
 }

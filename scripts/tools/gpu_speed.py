@@ -8,9 +8,10 @@
 - `kernels`: the kernel micro-benchmarks against SDPA (B = 1, H = 12, N = 16,384, d = 64);
 - `profile`: a `torch.profiler` trace of one forward+backward per family (base size, N = 16,384);
 - `bench-speed`, last, with the time the others left: the benchmark at base size, bf16, N = 1,024 ... 65,536 (the
-  floor row, every family's main rows, SBM at 60 keys per query, and the peers BERT-SDPA, Longformer, BigBird and
-  ModernBERT), the issue's goals at N = 16,384 and the crossover length of each row. A row whose step takes over a
-  second is not run at longer lengths, and a length the remaining time cannot hold is skipped.
+  floor row, every family's main rows, SBM at 60 keys per query, the Sparse Transformer's Triton-kernel path beside
+  its FlexAttention default, and the peers BERT-SDPA, Longformer, BigBird and ModernBERT), the issue's goals at
+  N = 16,384 and the crossover length of each row. A row whose step takes over a second is not run at longer
+  lengths, and a length the remaining time cannot hold is skipped.
 
 Each stage writes its files under the run's folder and returns a JSON-able summary; `--dry-run` runs them on the CPU
 at toy sizes.
@@ -60,7 +61,14 @@ FAMILY_ROWS = [
     "sbm:fastrg-2%",
 ]
 PEERS = ["bert-sdpa", "longformer", "bigbird", "modernbert"]
-SPEED_ROWS = [*FAMILY_ROWS, "sbm:fastrg-60/query", *(f"hf:{peer}" for peer in PEERS)]
+#: Besides the main rows: SBM at a fixed degree, the Sparse Transformer's Triton path (its default on CUDA is
+#: FlexAttention), and the peers.
+SPEED_ROWS = [
+    *FAMILY_ROWS,
+    "sbm:fastrg-60/query",
+    "sparse_transformer:triton_kernels",
+    *(f"hf:{peer}" for peer in PEERS),
+]
 SPEED_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 SANITY_LENGTH = 4096
 PROFILE_LENGTH = 16384
