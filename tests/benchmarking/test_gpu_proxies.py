@@ -69,8 +69,10 @@ STATUS = {
             "largest": "complex64 (2N, 768) zero-padded FFT input: 2x the FFN activation",
         },
     ),
+    # Saved bytes follow the fastRG slots reserved from the layer's earlier calls (`EdgeBudget`), which under the
+    # stubbed launches vary with the process's history: 1.43x-1.50x measured, so the ceiling is the upper end.
     "sbm:fastrg-2%": Status(
-        257, 350, 0, 0, 1.43, 2.00, 5.31,
+        257, 350, 0, 0, 1.50, 2.00, 5.31,
         over_budget={
             "ops": "+257 / +350 ops: hashed draws and inverse-CDF searches as separate torch ops (bitwise, "
             "searchsorted, cumsum), memberships recomputed in backward",
