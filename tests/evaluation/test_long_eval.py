@@ -100,6 +100,7 @@ def test_position_reach_counts_examples_holding_a_token_at_each_mark():
     assert position_reach(examples, 512) == {}
 
 
+@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
 def test_listops_task_streams_by_seed_and_keeps_a_fixed_validation_set():
     task = listops_task(2048, validation_size=4)
     again = listops_task(2048, validation_size=4)
