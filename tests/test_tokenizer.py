@@ -163,7 +163,7 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_cli_trains_and_saves_a_loadable_tokenizer(tmp_path):
     out = tmp_path / "tokenizer"
     story = sorted((DATA / "cnn_dailymail" / "cnn_stories").glob("*.story"))[0]

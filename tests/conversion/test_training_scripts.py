@@ -36,6 +36,7 @@ def _mlm_args(source: Path, family: str, output: Path) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_run_mlm_converts_and_continues_pretraining_in_one_run(tmp_path, source_checkpoint):
     folder, _ = source_checkpoint("RobertaForMaskedLM")
     run_mlm = load_script("run_mlm")

@@ -76,6 +76,7 @@ def test_compiled_masked_lm_trains_like_eager(model_type):
 # Rotary positions turn q and k (fp32 angles built from the length at run time); the compiled graph must apply the
 # same rotation. These three families rotate outside the shared `project_qkv` (FSAT's own keys, SBM's unrotated
 # memberships, Smart Bird's sketch); the slow inductor test covers the others.
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 @pytest.mark.parametrize("model_type", ["fsat", "sbm", "smart_bird"])
 def test_compiled_masked_lm_with_rotary_positions_trains_like_eager(model_type):
     _check_compiled_equals_eager(FAMILIES[model_type], "masked_lm", "aot_eager", "rotary")

@@ -19,7 +19,7 @@ def tree_length(example: tuple[list[int], int]) -> int:
     return len(example[0]) - 2  # without [CLS] and [SEP]
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_the_stream_starts_with_the_curriculum_trees_then_draws_the_task_s_own():
     curriculum = ListOpsCurriculum(SHORT, examples=7)
     task = listops_task(128, validation_size=6, settings=TREES, curriculum=curriculum)
@@ -42,7 +42,7 @@ def test_curriculum_trees_must_fit_the_length_and_be_at_least_one():
         ListOpsCurriculum(SHORT, examples=0)
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_the_curriculum_is_a_setting_of_the_folder(tmp_path):
     budget = Budget(steps=3, batch_size=2, warmup_steps=1, eval_batch_size=8)
     plans, rows = [TaskPlan("listops", (128,))], [Row("dense_transformer")]

@@ -100,7 +100,7 @@ def test_position_reach_counts_examples_holding_a_token_at_each_mark():
     assert position_reach(examples, 512) == {}
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_listops_task_streams_by_seed_and_keeps_a_fixed_validation_set():
     task = listops_task(2048, validation_size=4)
     again = listops_task(2048, validation_size=4)
@@ -289,6 +289,7 @@ def test_a_run_is_refused_when_another_process_changed_the_folder_s_protocol_mea
     assert [run["label"] for run in saved["runs"]] == ["fsat"]
 
 
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_validation_size_and_reviews_file_are_settings_of_the_folder(tmp_path, reviews_file):
     budget = Budget(steps=1, batch_size=4, warmup_steps=0, eval_batch_size=8)
     plans, rows = [TaskPlan("text", (64,))], [Row("dense_transformer")]
@@ -364,6 +365,7 @@ def test_schedules_follow_their_formulas():
         Budget(schedule="cosine")
 
 
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_bf16_autocast_is_applied_and_close_to_float32():
     task = listops_task(600, validation_size=4, settings=ListOpsSettings(min_length=300, max_length=598))
     budget = Budget(steps=2, batch_size=2, warmup_steps=1, eval_batch_size=4)

@@ -194,7 +194,7 @@ def test_a_seed_twice_and_an_unknown_baseline_are_refused(tmp_path):
         find_row(rows, "text", "dense@512")
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_script_writes_markdown_and_json_and_names_a_missing_row(tmp_path):
     folders = [
         str(write_folder(tmp_path / f"s{seed}", seed, {("dense", 1024): 0.6, ("a2", 4096): 0.6 + seed / 100}))

@@ -245,7 +245,7 @@ def test_the_gpu_plan_holds_every_row_cheapest_families_first(study, monkeypatch
             assert parsed[0].model_name_or_path is None and parsed[0].config_path == "work/converted/a2former-4096"
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_runner_keeps_priority_and_needs_and_stops_at_the_deadline(load_script, tmp_path):
     schedule = load_script(f"{STUDY}/schedule")
 

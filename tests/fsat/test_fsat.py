@@ -558,7 +558,7 @@ def test_shared_index_predictor_gives_every_head_the_same_graph():
     assert torch.equal(mean, mean[:, :1].expand_as(mean))
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_default_classifier_learns_the_majority_token_task():
     # Issue 18's check: with the paper's settings alone (no global token, predictions scaled by the maximum length)
     # the first token received no edge and the classifier reached 0.65; the defaults must learn it.

@@ -73,7 +73,7 @@ def _expected_outputs(model: torch.nn.Module, head: str) -> dict:
     return expected
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_published_folders_load_without_attnzoo_through_every_auto_class(make_checkpoint, card_dir, tmp_path):
     """
     One child process loads every family's published folders (attnzoo blocked, offline, fresh HF_HOME) and gets the

@@ -51,7 +51,7 @@ def test_triton_backend_refusals_name_the_problem(monkeypatch):
         resolve_backend("triton", CUDA, torch.bfloat16)
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_triton_interpret_spelt_true_runs_the_kernels_on_cpu():
     """Triton reads TRITON_INTERPRET as a boolean ("true", "on", ...), so attnzoo must not insist on "1"."""
     pytest.importorskip("triton")

@@ -75,6 +75,7 @@ SCRIPT = textwrap.dedent(
 
 
 # The subprocess's own limit (900 s) must come first: 16 compilations take minutes on a loaded machine.
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 @pytest.mark.timeout(960)
 def test_key_slot_kernels_compile_for_sm90_without_a_gpu(tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}

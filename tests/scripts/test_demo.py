@@ -22,6 +22,7 @@ def table_rows(markdown: str) -> list[str]:
     return [line.split("|")[1].strip() for line in lines[1:]]
 
 
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 def test_tiny_run_writes_one_table_and_one_figure_with_a_row_per_family(tmp_path, load_script, capsys):
     record = run_tiny(load_script("demo"), tmp_path, "sparse_transformer,dense_transformer")
     printed = capsys.readouterr().out

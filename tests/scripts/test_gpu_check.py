@@ -23,6 +23,7 @@ def gpu_check(load_script):
     torch.set_num_threads(threads)  # the benchmark pins one thread; later tests keep theirs
 
 
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU stand-in of the GPU run")
 def test_dry_run_benchmarks_and_fine_tunes_and_writes_the_results_folder(gpu_check, tmp_path):
     argv = ["bench-small", "train", "--dry-run", "--output-dir", str(tmp_path), "--lengths", "64"]
@@ -130,7 +131,7 @@ def test_a_row_that_raises_fails_the_stage_but_out_of_memory_does_not(gpu_check)
     assert gpu_check.raised_rows(report) == {"a2former": "error: RuntimeError: triton launch failed (N = 1024)"}
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU stand-in of the GPU run")
 def test_dry_run_of_the_speed_plan_runs_every_stage_and_writes_its_files(gpu_check, tmp_path):
     """`bash scripts/run.sh gpu speed` on the CPU at toy sizes: sanity, proxies, kernels, the benchmark with the
@@ -181,7 +182,7 @@ def test_stage_budgets_leave_the_later_stages_their_time(gpu_check):
     assert gpu_check.parse_args(["speed", "tests"]).stages == [*speed, "tests"]
 
 
-@pytest.mark.slow  # end to end; kept out of the default suite's 8-minute budget
+@pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_run_sh_gpu_puts_attnzoo_on_the_path_and_refuses_without_cuda():
     env = {**os.environ, "PYTHON": sys.executable}
