@@ -170,13 +170,14 @@ def check(seeds: list[int]) -> None:
 
     torch.set_num_threads(1)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    commit = _commit()  # before the runs: the code they run
     with open(RESULTS / "regression_check.jsonl", "w", encoding="utf-8") as out:
         for seed in seeds:
             for row in CHECK_ROWS:
                 family, overrides = ROWS[row]
                 protocol = {**SST2_SHORT_INPUTS, "seed": seed}
                 result = train_and_eval_sst2(family, {**SST2_WIDTH, **overrides}, **protocol)
-                record = {"row": row, "overrides": overrides, **protocol, **result, "commit": _commit()}
+                record = {"row": row, "overrides": overrides, **protocol, **result, "commit": commit}
                 out.write(json.dumps(record) + "\n")
                 out.flush()
                 print(json.dumps(record), flush=True)
