@@ -20,17 +20,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import block_d, check_dtypes, row_strides
+from .launch import check_dtypes, query_tile_meta, row_strides
 
 
 @triton.jit
-def _query_block(num_heads, num_queries, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's (batch, head) and block of query rows: `bh, b, h, rows, row_ok, dim, dim_ok`.
+def _query_block(pid, num_heads, num_queries, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program `pid`'s (batch, head) and block of query rows: `bh, b, h, rows, row_ok, dim, dim_ok`.
 
     A 1-D grid of `B * H * cdiv(Nq, BLOCK_M)` programs (CUDA's 2**31 - 1 on axis 0; a 2-D grid would cap B * H or
-    the blocks at 65,535), the blocks of one (batch, head) consecutive so that they share its keys in L2."""
+    the blocks at 65,535), the blocks of one (batch, head) consecutive so that they share its keys in L2. `pid`
+    is int64 and counts from the first query block (a kernel that starts other programs first subtracts them)."""
     blocks = tl.cdiv(num_queries, BLOCK_M)
-    pid = tl.program_id(0).to(tl.int64)
     bh = pid // blocks
     rows = (pid % blocks).to(tl.int32) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     dim = tl.arange(0, BLOCK_D)
@@ -82,7 +82,8 @@ def _gathered_fwd(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
 ):  # fmt: skip
-    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    pid = tl.program_id(0).to(tl.int64)
+    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
     row_mask = row_ok[:, None] & dim_ok[None, :]
     q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
     # Slot s of query n is entry (bh * Nq + n) * S + s of the (B, H, Nq, S[, J]) index tensors.
@@ -124,7 +125,8 @@ def _gathered_bwd(
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
 ):  # fmt: skip
-    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    pid = tl.program_id(0).to(tl.int64)
+    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
     row_mask = row_ok[:, None] & dim_ok[None, :]
     q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)
     do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
@@ -234,15 +236,8 @@ def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
 
 
 def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep) -> dict:
-    width = block_d(head_dim)
     return {
-        "D": head_dim,
-        "BLOCK_D": width,
-        # About 1K (query, dimension) lanes per tile: ptxas (sm_90, bf16, J = 2, every option on) compiled
-        # d = 32 / 64 / 128 without register spills at 16 / 16 / 8 queries and 4 / 8 / 8 warps; twice the queries
-        # spilled.
-        "BLOCK_M": min(16, max(4, 1024 // width)),
-        "num_warps": 4 if width <= 32 else 8,
+        **query_tile_meta(head_dim),
         "J": entries,
         "DOT": dot_product,
         "HAS_WEIGHT": weight is not None,

@@ -27,8 +27,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ..interpolated import replace_global_rows
-from .gathered import _load_rows
-from .launch import block_d, check_dtypes, row_strides
+from .gathered import _load_rows, _query_block
+from .launch import check_dtypes, query_tile_meta, row_strides
 
 
 @triton.jit
@@ -39,17 +39,6 @@ def _cummax(a, b):
 @triton.jit
 def _cummin(a, b):
     return tl.minimum(a, b)
-
-
-@triton.jit
-def _block(pid, num_heads, num_queries, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Program `pid`'s (batch, head) and block of query rows: `bh, b, h, rows, row_ok, dim, dim_ok`; the blocks of
-    one (batch, head) are consecutive, so that they share its keys in L2 (as the gathered kernel's programs)."""
-    blocks = tl.cdiv(num_queries, BLOCK_M)
-    bh = pid // blocks
-    rows = (pid % blocks).to(tl.int32) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
-    dim = tl.arange(0, BLOCK_D)
-    return bh, bh // num_heads, bh % num_heads, rows, rows < num_queries, dim, dim < D
 
 
 @triton.jit
@@ -186,7 +175,7 @@ def _points_fwd(
     DOT: tl.constexpr, HAS_KEEP: tl.constexpr, DENSITY: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """One block of queries: their K points and the global slots (the method's own attention)."""
-    bh, b, h, rows, row_ok, dim, dim_ok = _block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
     # Rows of real global queries belong to the global-row programs when those run: not stored here.
     kept_rows = row_ok & ~_replaced(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
     row_mask = row_ok[:, None] & dim_ok[None, :]
@@ -269,6 +258,21 @@ def _replaced(BEFORE, b, num_keys, rows, GLOBALS: tl.constexpr, HAS_TABLES: tl.c
 
 
 @triton.jit
+def _key_tile(
+    K, V, BEFORE, q, b, h, keys, dim, dim_ok, num_keys, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+    HAS_TABLES: tl.constexpr,
+):  # fmt: skip
+    """One tile of keys for the global queries' dense rows (forward and backward): `keys, key_ok, tile_mask`, the
+    key and value rows `(BLOCK_N, BLOCK_D)` (zero where not a real key) and the scaled scores `(BLOCK_G, BLOCK_N)`."""
+    key_ok = (keys < num_keys) & _is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
+    tile_mask = key_ok[:, None] & dim_ok[None, :]
+    k_tile = _load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
+    v_tile = _load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
+    scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale  # (BLOCK_G, BLOCK_N)
+    return keys, key_ok, tile_mask, k_tile, v_tile, scores
+
+
+@triton.jit
 def _global_rows_fwd(
     bh, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
@@ -288,13 +292,10 @@ def _global_rows_fwd(
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     lanes = tl.arange(0, BLOCK_N)
     for start in range(0, num_keys, BLOCK_N):
-        keys = start + lanes
-        key_ok = keys < num_keys
-        key_ok = key_ok & _is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
-        tile_mask = key_ok[:, None] & dim_ok[None, :]
-        k_tile = _load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
-        v_tile = _load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
-        scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale  # (BLOCK_G, BLOCK_N)
+        keys, key_ok, tile_mask, k_tile, v_tile, scores = _key_tile(
+            K, V, BEFORE, q, b, h, start + lanes, dim, dim_ok, num_keys, scale,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_TABLES,
+        )  # fmt: skip
         scores = tl.where(key_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(row_max, tl.max(scores, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -362,7 +363,7 @@ def _points_bwd(
     GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Backward of one block of queries' points and global slots."""
-    bh, b, h, rows, row_ok, dim, dim_ok = _block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
+    bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
     # A replaced row's method output reaches nothing: no gradient from it, and its dQ is the global programs'.
     kept_rows = row_ok & ~_replaced(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
     row_mask = row_ok[:, None] & dim_ok[None, :]
@@ -468,13 +469,10 @@ def _global_rows_bwd(
     dq = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     lanes = tl.arange(0, BLOCK_N)
     for start in range(0, num_keys, BLOCK_N):
-        keys = start + lanes
-        key_ok = keys < num_keys
-        key_ok = key_ok & _is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
-        tile_mask = key_ok[:, None] & dim_ok[None, :]
-        k_tile = _load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
-        v_tile = _load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
-        scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale  # (BLOCK_G, BLOCK_N)
+        keys, key_ok, tile_mask, k_tile, v_tile, scores = _key_tile(
+            K, V, BEFORE, q, b, h, start + lanes, dim, dim_ok, num_keys, scale,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_TABLES,
+        )  # fmt: skip
         p = tl.where(real[:, None] & key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
         grad_p = tl.dot(do, tl.trans(v_tile), input_precision="ieee")
         grad_s = p * (grad_p - delta[:, None]) * scale
@@ -530,13 +528,9 @@ class _Selection:
 
 
 def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_logits, keep) -> dict:
-    width = block_d(head_dim)
     return {
-        "D": head_dim,
-        "BLOCK_D": width,
-        # As the gathered kernel (the same two-neighbour gathers per slot): about 1K (query, dimension) lanes a tile.
-        "BLOCK_M": min(16, max(4, 1024 // width)),
-        "num_warps": 4 if width <= 32 else 8,
+        # As the gathered kernel: the same two-neighbour gathers per slot.
+        **query_tile_meta(head_dim),
         "POINTS": num_points,
         "GLOBALS": selection.num_global,
         "CAUSAL": selection.causal,

@@ -30,3 +30,18 @@ def row_strides(x: Tensor) -> tuple[int, ...]:
     if x.stride(-1) != 1 and x.shape[-1] != 1:
         raise ValueError("the last axis must be contiguous")
     return tuple(x.stride()[:-1])
+
+
+def query_tile_meta(head_dim: int) -> dict:
+    """The launch parameters of the kernels that give each program a block of queries and the full head size
+    (gathered and interpolated attention): `D`, `BLOCK_D`, `BLOCK_M` (queries per program) and `num_warps`."""
+    width = block_d(head_dim)
+    return {
+        "D": head_dim,
+        "BLOCK_D": width,
+        # About 1K (query, dimension) lanes per tile: ptxas (sm_90, bf16, J = 2, every option on) compiled
+        # d = 32 / 64 / 128 without register spills at 16 / 16 / 8 queries and 4 / 8 / 8 warps; twice the queries
+        # spilled.
+        "BLOCK_M": min(16, max(4, 1024 // width)),
+        "num_warps": 4 if width <= 32 else 8,
+    }
