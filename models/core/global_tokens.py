@@ -9,7 +9,8 @@ The two halves are implemented once, here, and used by every family:
 
 - **global rows**: the method computes its output for all queries as usual; the rows of the global queries are then
   replaced by dense masked attention over all keys ([`global_query_rows`], [`splice_rows`]; exact, O(g·N); done by
-  `ZooAttention.with_global_rows` for every family).
+  `ZooAttention.with_global_rows` for every family). Those two live in the kernel layer (`attnzoo.kernels.dense`),
+  which also calls them where a fused primitive computes the global rows itself (A²-Former's torch fallback).
 - **global columns**: the method adds the global positions to every query's key set, in the form its structure
   takes: extra slots of a gathered index ([`append_global_slots`]), extra columns of a dense mask
   ([`add_global_columns`]) or extra edges of an edge list ([`global_edges`]). A global key that the method selected on
@@ -22,7 +23,17 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import dense_masked_attention
+from ..kernels.dense import global_query_rows, splice_rows
+
+__all__ = [
+    "add_global_columns",
+    "append_global_slots",
+    "global_count",
+    "global_edges",
+    "global_key_validity",
+    "global_query_rows",
+    "splice_rows",
+]
 
 
 def global_count(num_global_tokens: int, num_keys: int) -> int:
@@ -35,56 +46,6 @@ def global_key_validity(key_valid: torch.Tensor | None, g: int, batch: int, devi
     if key_valid is None:
         return torch.ones(batch, g, dtype=torch.bool, device=device)
     return key_valid[:, :g]
-
-
-def global_query_rows(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_valid: torch.Tensor | None,
-    g: int,
-    *,
-    scale: float,
-    dropout_p: float,
-    training: bool,
-    return_weights: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Dense masked attention of the first `g` queries over every real key.
-
-    Args:
-        q (`torch.Tensor` of shape `(B, H, N, d)`): queries (only the first `g` rows are read).
-        k, v (`torch.Tensor` of shape `(B, H, N, d)`): keys and values.
-        key_valid (`torch.BoolTensor` of shape `(B, N)`, *optional*): real keys.
-
-    Returns:
-        The rows `(B, H, g, d)` and, with `return_weights`, their weights `(B, H, g, N)`.
-    """
-    mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
-    return dense_masked_attention(
-        q[:, :, :g],
-        k,
-        v,
-        mask,
-        dropout_p=dropout_p,
-        scale=scale,
-        training=training,
-        return_weights=return_weights,
-    )
-
-
-def splice_rows(full: torch.Tensor, rows: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:
-    """`full` with its first `g` query rows replaced by `rows` where the global query is a real token.
-
-    Args:
-        full (`torch.Tensor` of shape `(B, H, N, ...)`): the method's output (or weights) for every query.
-        rows (`torch.Tensor` of shape `(B, H, g, ...)`): the global rows.
-    """
-    g = rows.shape[2]
-    head = rows.to(full.dtype)
-    if key_valid is not None:
-        real = key_valid[:, None, :g].reshape(key_valid.shape[0], 1, g, *([1] * (full.dim() - 3)))
-        head = torch.where(real, head, full[:, :, :g])
-    return torch.cat([head, full[:, :, g:]], dim=2)
 
 
 def append_global_slots(

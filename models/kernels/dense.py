@@ -1,4 +1,5 @@
-"""Dense masked attention: the plain reference path every method is tested against."""
+"""Dense masked attention: the plain reference path every method is tested against, and the global queries' rows
+(dense attention over every real key) that every family splices into its output."""
 
 from __future__ import annotations
 
@@ -58,3 +59,56 @@ def dense_masked_attention(
         weights = F.dropout(weights, p=dropout_p, training=True)
     out = torch.matmul(weights, v)  # (B, H, Nq, d)
     return out, (weights if return_weights else None)
+
+
+# ----- global queries (`attnzoo.core.global_tokens`): their rows are dense attention over every real key -----
+
+
+def global_query_rows(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_valid: Tensor | None,
+    g: int,
+    *,
+    scale: float | None,
+    dropout_p: float,
+    training: bool,
+    return_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Dense masked attention of the first `g` queries over every real key.
+
+    Args:
+        q (`torch.Tensor` of shape `(B, H, N, d)`): queries (only the first `g` rows are read).
+        k, v (`torch.Tensor` of shape `(B, H, N, d)`): keys and values.
+        key_valid (`torch.BoolTensor` of shape `(B, N)`, *optional*): real keys.
+
+    Returns:
+        The rows `(B, H, g, d)` and, with `return_weights`, their weights `(B, H, g, N)`.
+    """
+    mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
+    return dense_masked_attention(
+        q[:, :, :g],
+        k,
+        v,
+        mask,
+        dropout_p=dropout_p,
+        scale=scale,
+        training=training,
+        return_weights=return_weights,
+    )
+
+
+def splice_rows(full: Tensor, rows: Tensor, key_valid: Tensor | None) -> Tensor:
+    """`full` with its first `g` query rows replaced by `rows` where the global query is a real token.
+
+    Args:
+        full (`torch.Tensor` of shape `(B, H, N, ...)`): the method's output (or weights) for every query.
+        rows (`torch.Tensor` of shape `(B, H, g, ...)`): the global rows.
+    """
+    g = rows.shape[2]
+    head = rows.to(full.dtype)
+    if key_valid is not None:
+        real = key_valid[:, None, :g].reshape(key_valid.shape[0], 1, g, *([1] * (full.dim() - 3)))
+        head = torch.where(real, head, full[:, :, :g])
+    return torch.cat([head, full[:, :, g:]], dim=2)

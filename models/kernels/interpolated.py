@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dense import dense_masked_attention
+from .dense import global_query_rows, splice_rows
 from .gathered import gathered_attention_reference_with_mask, gathered_attention_with_mask
 
 #: How points beyond the allowed keys are brought back (values of `A2FormerConfig.position_bound`).
@@ -253,14 +253,10 @@ def replace_global_rows(
     """`out` `(B, H, N, d)` with the rows of the real global queries (the first `g`) replaced by dense masked
     attention over every real key: `ZooAttention.with_global_rows` (`core.global_tokens`) as part of the primitive,
     so that a fused implementation can compute those rows in its own kernels."""
-    mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
-    rows, _ = dense_masked_attention(
-        q[:, :, :num_global], k, v, mask, dropout_p=dropout_p, scale=scale, training=training
+    rows, _ = global_query_rows(
+        q, k, v, key_valid, num_global, scale=scale, dropout_p=dropout_p, training=training, return_weights=False
     )
-    head = rows.to(out.dtype)
-    if key_valid is not None:
-        head = torch.where(key_valid[:, None, :num_global, None], head, out[:, :, :num_global])
-    return torch.cat([head, out[:, :, num_global:]], dim=2)
+    return splice_rows(out, rows, key_valid)
 
 
 def interpolated_attention_torch(
