@@ -23,8 +23,8 @@ The compute step never builds an `N x N` mask. Its fast paths:
   with global columns and the merged strided heads take the edge kernel. Lengths that are not a multiple of `l` are
   padded internally with masked keys and sliced back.
 
-The index tensors every path needs (and the density) are built once per length and device, so that no forward copies
-host data to the device or selects with a boolean mask (each a wait for the device on CUDA).
+The index tensors every path needs (and the density) are built on the device itself, once per length and device, so
+that no forward copies host data to the device or selects with a boolean mask (each a wait for the device on CUDA).
 Which fast path is faster on a GPU has not been measured yet (`scripts/tools/bench_sparse_transformer_flex.py`).
 """
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -59,23 +58,22 @@ from .pattern import (
     pattern_mask,
     sub_pattern_mask,
     summary_positions,
-    to_device,
 )
 
 
-def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec) -> tuple[Tensor, Tensor]:
+def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec, device: torch.device) -> tuple[Tensor, Tensor]:
     """Unsorted `(rows, cols)` of one sub-pattern for `length` tokens, built from candidate offsets (O(N * K))."""
     stride = spec.stride
-    i = torch.arange(length)[:, None]
+    i = torch.arange(length, device=device)[:, None]
     if kind == "local":
-        cols = i - torch.arange(0 if spec.causal else -stride, stride + 1)
+        cols = i - torch.arange(0 if spec.causal else -stride, stride + 1, device=device)
     elif kind == "residue":
         reach = math.ceil(length / stride)
-        cols = i - stride * torch.arange(0 if spec.causal else -reach, reach + 1)
+        cols = i - stride * torch.arange(0 if spec.causal else -reach, reach + 1, device=device)
     elif kind == "block":
-        cols = torch.div(i, stride, rounding_mode="floor") * stride + torch.arange(stride)
+        cols = torch.div(i, stride, rounding_mode="floor") * stride + torch.arange(stride, device=device)
     else:
-        cols = summary_positions(length, spec)[None, :].expand(length, -1)
+        cols = summary_positions(length, spec, device)[None, :].expand(length, -1)
     rows = i.expand_as(cols)
     keep = (cols >= 0) & (cols < length)
     if spec.causal:
@@ -83,26 +81,21 @@ def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec) -> tuple[Tenso
     return rows[keep], cols[keep]
 
 
-@lru_cache(maxsize=32)
-def _merged_pattern_edges_cpu(kinds: tuple[str, ...], length: int, spec: PatternSpec) -> tuple[Tensor, Tensor]:
-    parts = [_sub_pattern_edges(kind, length, spec) for kind in kinds]
+@device_cache
+def merged_pattern_edges(
+    kinds: tuple[str, ...], length: int, spec: PatternSpec, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Row-sorted, duplicate-free `(rows, cols)` of the union of `kinds` for `length` tokens (one head) on `device`."""
+    parts = [_sub_pattern_edges(kind, length, spec, device) for kind in kinds]
     if spec.num_global:
-        rows, cols = torch.meshgrid(torch.arange(length), torch.arange(min(spec.num_global, length)), indexing="ij")
+        queries, keys = torch.arange(length, device=device), torch.arange(min(spec.num_global, length), device=device)
+        rows, cols = torch.meshgrid(queries, keys, indexing="ij")
         parts.append((rows.reshape(-1), cols.reshape(-1)))
     rows = torch.cat([r for r, _ in parts])
     cols = torch.cat([c for _, c in parts])
     # A key in both sub-patterns (e.g. j = i, or the own block's summary columns) must count once in the softmax.
     flat = torch.unique(rows * length + cols)  # sorted, so rows come out non-decreasing
     return torch.div(flat, length, rounding_mode="floor"), flat % length
-
-
-@device_cache
-def merged_pattern_edges(
-    kinds: tuple[str, ...], length: int, spec: PatternSpec, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """Row-sorted, duplicate-free `(rows, cols)` of the union of `kinds` for `length` tokens (one head)."""
-    rows, cols = _merged_pattern_edges_cpu(kinds, length, spec)
-    return to_device(rows, device), to_device(cols, device)
 
 
 class FixedColumns(NamedTuple):
@@ -120,16 +113,16 @@ class FixedColumns(NamedTuple):
 
 @device_cache
 def fixed_columns(length: int, spec: PatternSpec, device: torch.device) -> FixedColumns:
-    """The [`FixedColumns`] of `length` tokens (built once on the CPU: the boolean selections and `unique` would
-    each wait for the device there)."""
-    summary = summary_positions(length, spec)
-    glob = torch.arange(_global_count(spec, length))
-    offsets = torch.arange(spec.stride)
+    """The [`FixedColumns`] of `length` tokens on `device` (built once: the boolean selections and `unique` wait for
+    the device)."""
+    summary = summary_positions(length, spec, device)
+    glob = torch.arange(_global_count(spec, length), device=device)
+    offsets = torch.arange(spec.stride, device=device)
     return FixedColumns(
-        summary=to_device(summary, device),
-        summary_and_global=to_device(torch.unique(torch.cat([summary, glob])), device),
-        own=to_device(offsets[~is_summary_column(offsets, spec)], device),
-        extra=to_device(glob[~torch.isin(glob, summary)], device),
+        summary=summary,
+        summary_and_global=torch.unique(torch.cat([summary, glob])),
+        own=offsets[~is_summary_column(offsets, spec)],
+        extra=glob[~torch.isin(glob, summary)],
     )
 
 
@@ -355,9 +348,9 @@ SUB_PATTERN_ATTENTION = {
 }
 
 
-def _row_counts(kind: str, length: int, spec: PatternSpec) -> Tensor:
+def _row_counts(kind: str, length: int, spec: PatternSpec, device: torch.device) -> Tensor:
     """`(N,)` number of keys of one sub-pattern in every row, in closed form."""
-    i, stride = torch.arange(length), spec.stride
+    i, stride = torch.arange(length, device=device), spec.stride
     if kind == "local":
         low = (i - stride).clamp(min=0)
         return (i if spec.causal else (i + stride).clamp(max=length - 1)) - low + 1
@@ -365,51 +358,45 @@ def _row_counts(kind: str, length: int, spec: PatternSpec) -> Tensor:
         return i // stride + 1 if spec.causal else (length - 1 - i % stride) // stride + 1
     if kind == "block":
         return i % stride + 1 if spec.causal else (length - i // stride * stride).clamp(max=stride)
-    positions = summary_positions(length, spec)
+    positions = summary_positions(length, spec, device)
     if spec.causal:
         return torch.searchsorted(positions, i, right=True)
-    return torch.full((length,), positions.numel())
+    return torch.full((length,), positions.numel(), device=device)
 
 
-def _overlap_counts(kinds: tuple[str, ...], length: int, spec: PatternSpec) -> Tensor:
+def _overlap_counts(kinds: tuple[str, ...], length: int, spec: PatternSpec, device: torch.device) -> Tensor:
     """`(N,)` keys that belong to both sub-patterns of a merged head (counted once in its softmax)."""
-    i, stride = torch.arange(length), spec.stride
+    i, stride = torch.arange(length, device=device), spec.stride
     if kinds == SUB_PATTERNS["strided"]:  # j in {i - l, i, i + l}
         return 1 + (i >= stride).long() + (0 if spec.causal else (i + stride < length).long())
     # fixed: the summary columns of the own block (up to i when causal)
-    positions = summary_positions(length, spec)
+    positions = summary_positions(length, spec, device)
     first = i // stride * stride
     last = i if spec.causal else (first + stride - 1).clamp(max=length - 1)
     return torch.searchsorted(positions, last, right=True) - torch.searchsorted(positions, first)
 
 
-# Under `torch.compile` the count stays a host-side cached lookup: dynamo would otherwise ignore the cache and trace
-# the edge construction and `bincount` into every graph (and warn that it bypasses `lru_cache`).
-@torch.compiler.disable
-@lru_cache(maxsize=64)
-def _pattern_counts(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec) -> tuple[int, ...]:
-    """Attended (query, key) pairs of every head at `length` (closed form, `O(N)`)."""
+def _pair_counts(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec, device: torch.device) -> Tensor:
+    """`(H,)` attended (query, key) pairs of every head at `length`, on `device` (closed form, `O(N)`)."""
     counts = []
     for head_kinds in kinds:
         if spec.num_global:
             # Global columns overlap the pattern in ways without a short closed form: count the edge list instead.
-            rows = torch.bincount(_merged_pattern_edges_cpu(head_kinds, length, spec)[0], minlength=length)
+            rows = torch.bincount(merged_pattern_edges(head_kinds, length, spec, device)[0], minlength=length)
         else:
-            rows = sum(_row_counts(kind, length, spec) for kind in head_kinds)
+            rows = sum(_row_counts(kind, length, spec, device) for kind in head_kinds)
             if len(head_kinds) > 1:
-                rows = rows - _overlap_counts(head_kinds, length, spec)
+                rows = rows - _overlap_counts(head_kinds, length, spec, device)
         # The global rows attend to every key (computed by the core).
         rows[: spec.num_global] = length
-        counts.append(int(rows.sum()))
-    return tuple(counts)
+        counts.append(rows.sum())
+    return torch.stack(counts)
 
 
 @device_cache
 def _density(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec, device: torch.device) -> Tensor:
-    """`(H,)` density of every head at `length`, on `device`: built once, where copying the counts to the device at
-    every forward would make CUDA wait."""
-    counts = torch.tensor(_pattern_counts(kinds, length, spec), dtype=torch.float32)
-    return to_device(counts / float(length * length), device)
+    """`(H,)` density of every head at `length`, counted on `device` once (every forward reads the cached tensor)."""
+    return _pair_counts(kinds, length, spec, device).float() / float(length * length)
 
 
 @dataclass

@@ -17,7 +17,7 @@ import attnzoo.sparse_transformer.flex_pattern as st_flex
 from attnzoo.registry import FAMILIES
 from attnzoo.sparse_transformer import SparseTransformerAttention, SparseTransformerConfig
 from attnzoo.sparse_transformer.flex_pattern import class_major_order, flex_pattern
-from attnzoo.sparse_transformer.pattern import PatternSpec
+from attnzoo.sparse_transformer.pattern import PatternSpec, filled_table
 from source_checkout import load_script
 
 LOCAL, RESIDUE, BLOCK, SUMMARY = ("local",), ("residue",), ("block",), ("summary",)
@@ -90,6 +90,14 @@ def test_class_major_order_makes_each_residue_class_one_run_in_token_order(lengt
     assert bool((order[1:] > order[:-1])[same_class].all())  # token order inside a class
     expected = sorted(range(length), key=lambda i: (i % stride, i))
     assert order.tolist() == expected
+
+
+def test_head_group_table_is_built_from_its_runs_in_order():
+    # The layer's head -> sub-pattern group table, made on the device by fills (no host data copied).
+    for values in ([0, 0, 1, 1], [0, 1, 0, 1, 1, 2], [3]):
+        table = filled_table(values, torch.device("cpu"))
+        assert table.dtype == torch.long and table.tolist() == values
+    assert filled_table([], torch.device("cpu")).shape == (0,)
 
 
 def _attention(pattern: str, assignment: str, causal: bool, layer_idx: int, num_global: int, hidden_size: int = 32):
