@@ -142,12 +142,30 @@ def _valid_keys(key_valid: Tensor | None, batch: int, length: int, padded: int, 
     return _pad_length(key_valid, padded, dim=1, value=False)
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float, scale: float):
+def _sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    scale: float,
+    bias: Tensor | None = None,
+) -> Tensor:
     # SDPA through the shared dense primitive, which zeroes query rows without any valid key: SDPA's CUDA kernels
     # under bf16 autocast return an average of the masked values there (seen on an H100; the CPU kernels give
-    # zeros). A causal structure is SDPA's own flag only without a mask; with one the callers fold it into the mask.
+    # zeros). A causal structure is SDPA's own flag only without a mask or bias; with one the callers fold it in.
+    # `bias` is a cached pattern bias (`structure_bias`), given only where every real query row keeps a key.
     return dense_attention(
-        q, k, v, mask, is_causal=causal and mask is None, scale=scale, dropout_p=dropout_p, training=dropout_p > 0
+        q,
+        k,
+        v,
+        mask,
+        logit_bias=bias,
+        is_causal=causal and mask is None and bias is None,
+        scale=scale,
+        dropout_p=dropout_p,
+        training=dropout_p > 0,
     )
 
 
@@ -175,41 +193,118 @@ def _per_head(mask: Tensor, heads: int) -> Tensor:
     return mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch, heads * groups, *mask.shape[2:])
 
 
-def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
-    """Strided A1, `|i - j| <= l` (causal: `0 <= i - j <= l`): blocks of `l` queries against their neighbour blocks.
+class _Blocks(NamedTuple):
+    """Sizes of the reshaped paths at one length: `nb` blocks of `l`, `padded = nb * l`, and the local window's
+    width `w` and right padding `after` (its left padding is `l`)."""
 
-    Computes `3l` (causal: `2l`) scores per query instead of `N`; the band mask is `(nb, l, 3l)`.
-    """
-    batch, heads, length, dim = q.shape
+    blocks: int
+    padded: int
+    width: int
+    after: int
+
+
+def _blocks(length: int, spec: PatternSpec) -> _Blocks:
     stride = spec.stride
     blocks = math.ceil(length / stride)
     padded = blocks * stride
     width = 2 * stride if spec.causal else 3 * stride
-    after = padded - length + (0 if spec.causal else stride)
-    # Key window of block b covers positions (b - 1) * l ... (b - 1) * l + width - 1.
-    k_win = F.pad(k, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)  # (B, h, nb, w, d)
-    v_win = F.pad(v, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)
-    valid = _valid_keys(key_valid, batch, length, padded, q.device)
-    valid_win = F.pad(valid, (stride, after - (padded - length)), value=False).unfold(1, width, stride)  # (B, nb, w)
-    r = torch.arange(stride, device=q.device)[:, None]
-    t = torch.arange(width, device=q.device)[None, :]
+    return _Blocks(blocks, padded, width, padded - length + (0 if spec.causal else stride))
+
+
+def _window_keys_valid(valid: Tensor, length: int, spec: PatternSpec) -> Tensor:
+    """`(B, padded)` key validity -> `(B, nb, w + g)` validity of every block's window keys and global keys."""
+    blocks, padded, width, after = _blocks(length, spec)
+    windows = F.pad(valid, (spec.stride, after - (padded - length)), value=False).unfold(1, width, spec.stride)
+    g = _global_count(spec, length)
+    if g:
+        windows = torch.cat([windows, valid[:, None, :g].expand(-1, blocks, -1)], dim=-1)
+    return windows
+
+
+@device_cache
+def window_structure(length: int, spec: PatternSpec, device: torch.device) -> Tensor:
+    """`(nb, l, w + g)` pattern of the local-window blocks in a batch without padding (see
+    [`local_window_attention`]): the band, keys inside the sequence, and the global keys outside the window."""
+    stride = spec.stride
+    blocks, padded, width, _ = _blocks(length, spec)
+    r = torch.arange(stride, device=device)[:, None]
+    t = torch.arange(width, device=device)[None, :]
     band = (t >= r) & (t <= r + (stride if spec.causal else 2 * stride))  # (l, w): i - j = r - t + l
-    mask = band[None, None] & valid_win[:, :, None, :]  # (B, nb, l, w)
+    real = _window_keys_valid(_valid_keys(None, 1, length, padded, device), length, spec)[0]  # (nb, w + g)
     g = _global_count(spec, length)
     if g:
         # Global key j joins query i's softmax unless the window already holds it.
-        queries, keys = torch.arange(padded, device=q.device), torch.arange(g, device=q.device)
+        queries, keys = torch.arange(padded, device=device), torch.arange(g, device=device)
         outside = ~sub_pattern_mask("local", queries, keys, spec).view(blocks, stride, g)  # (nb, l, g)
-        mask = torch.cat([mask, outside[None] & valid[:, None, None, :g]], dim=-1)  # (B, nb, l, w + g)
+        band = torch.cat([band.expand(blocks, -1, -1), outside], dim=-1)  # (nb, l, w + g)
+    return band & real[:, None, :]
+
+
+@device_cache
+def class_structure(length: int, spec: PatternSpec, device: torch.device) -> Tensor:
+    """`(l, 1, nb + g)` (causal: `(l, nb, nb)`) pattern of the residue classes in a batch without padding (see
+    [`residue_attention`]): keys inside the sequence, the global keys outside the class, the causal order."""
+    stride = spec.stride
+    blocks, padded, _, _ = _blocks(length, spec)
+    real = _valid_keys(None, 1, length, padded, device)
+    mask = real.view(blocks, stride).T  # (l, nb)
+    g = _global_count(spec, length)
+    if g:
+        # Global key j joins class c's softmax unless it belongs to the class (query c stands for the class).
+        classes, keys = torch.arange(stride, device=device), torch.arange(g, device=device)
+        mask = torch.cat([mask, ~sub_pattern_mask("residue", classes, keys, spec)], dim=-1)  # (l, nb + g)
+    mask = mask[:, None]
+    if spec.causal:
+        mask = mask & torch.ones(blocks, blocks, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+#: The sub-patterns whose reshaped path has a cached structure ([`structure_bias`]): every real query attends to
+#: itself there, so a batch without padding has no query row without a key.
+STRUCTURES = {"local": window_structure, "residue": class_structure}
+
+
+@device_cache
+def structure_bias(
+    kind: str, length: int, spec: PatternSpec, heads: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """`(1, heads * G, Q, K)` SDPA bias of a sub-pattern's structure ([`STRUCTURES`]) for a batch without padding:
+    0 where attended, the dtype's minimum elsewhere (as the shared dense primitive masks), repeated for `heads`
+    heads. Built once, so that such a forward builds no mask at all."""
+    structure = STRUCTURES[kind](length, spec, device)  # (G, Q, K)
+    bias = torch.zeros(structure.shape, dtype=dtype, device=device).masked_fill(~structure, torch.finfo(dtype).min)
+    return _per_head(bias[None], heads)
+
+
+def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
+    """Strided A1, `|i - j| <= l` (causal: `0 <= i - j <= l`): blocks of `l` queries against their neighbour blocks.
+
+    Computes `3l` (causal: `2l`) scores per query instead of `N`; the band mask is `(nb, l, 3l)`, cached with the
+    global keys' for a batch without padding ([`window_structure`]).
+    """
+    batch, heads, length, dim = q.shape
+    stride = spec.stride
+    blocks, padded, width, after = _blocks(length, spec)
+    # Key window of block b covers positions (b - 1) * l ... (b - 1) * l + width - 1.
+    k_win = F.pad(k, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)  # (B, h, nb, w, d)
+    v_win = F.pad(v, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)
+    mask, bias = None, None
+    if key_valid is None:
+        bias = structure_bias("local", length, spec, heads, q.dtype, q.device)  # (1, h * nb, l, w + g)
+    else:
+        keys_valid = _window_keys_valid(_valid_keys(key_valid, batch, length, padded, q.device), length, spec)
+        mask = _per_head(window_structure(length, spec, q.device)[None] & keys_valid[:, :, None, :], heads)
+    g = _global_count(spec, length)
     q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
     out = _sdpa(
         q_blocks,
         _append_global_keys(k_win.reshape(batch, heads * blocks, width, dim), k, g),
         _append_global_keys(v_win.reshape(batch, heads * blocks, width, dim), v, g),
-        _per_head(mask, heads),
+        mask,
         False,
         dropout_p,
         scale,
+        bias,
     )
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 
@@ -228,21 +323,18 @@ def residue_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, s
         x = _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).transpose(2, 3)
         return x.reshape(batch, heads * stride, blocks, dim)
 
-    mask = None
+    mask, bias = None, None
     g = _global_count(spec, length)
-    if key_valid is not None or padded != length or g:
+    if key_valid is not None:
         valid = _valid_keys(key_valid, batch, length, padded, q.device)
-        mask = valid.reshape(batch, blocks, stride).transpose(1, 2)  # (B, l, nb)
+        keys_valid = valid.view(batch, blocks, stride).transpose(1, 2)  # (B, l, nb)
         if g:
-            # Global key j joins class c's softmax unless it belongs to the class (query c stands for the class).
-            classes, keys = torch.arange(stride, device=q.device), torch.arange(g, device=q.device)
-            other = ~sub_pattern_mask("residue", classes, keys, spec)  # (l, g)
-            mask = torch.cat([mask, other[None] & valid[:, None, :g]], dim=-1)  # (B, l, nb + g)
-        mask = _per_head(mask[:, :, None], heads)  # (B, h * l, 1, nb (+ g))
-        if spec.causal:
-            mask = mask & torch.ones(blocks, blocks, dtype=torch.bool, device=q.device).tril()
+            keys_valid = torch.cat([keys_valid, valid[:, None, :g].expand(-1, stride, -1)], dim=-1)  # (B, l, nb + g)
+        mask = _per_head(class_structure(length, spec, q.device)[None] & keys_valid[:, :, None, :], heads)
+    elif padded != length or g:
+        bias = structure_bias("residue", length, spec, heads, q.dtype, q.device)  # (1, h * l, 1 or nb, nb + g)
     keys, values = _append_global_keys(to_classes(k), k, g), _append_global_keys(to_classes(v), v, g)
-    out = _sdpa(to_classes(q), keys, values, mask, spec.causal, dropout_p, scale)
+    out = _sdpa(to_classes(q), keys, values, mask, spec.causal, dropout_p, scale, bias)
     out = out.reshape(batch, heads, stride, blocks, dim).transpose(2, 3)
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 

@@ -152,9 +152,13 @@ def test_fast_path_equals_reference_forward_and_backward(pattern, assignment, ca
         results.append((out, *grads))
     for fast, ref in zip(*results, strict=True):
         torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
-    # Without any padding the mask-free SDPA calls run.
-    fast = _run(attention, q, k, v, None, "fast")
-    torch.testing.assert_close(fast, _run(attention, q, k, v, None, "reference"), rtol=1e-10, atol=1e-10)
+    # Without any padding the mask-free SDPA calls and the cached pattern biases run.
+    results = []
+    for backend in ("fast", "reference"):
+        out = _run(attention, q, k, v, None, backend)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    for fast, ref in zip(*results, strict=True):
+        torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize(
