@@ -176,15 +176,14 @@ def _global_count(spec: PatternSpec, length: int) -> int:
     return min(spec.num_global, length)
 
 
-def _append_global_keys(keys: Tensor, x: Tensor, g: int) -> Tensor:
-    """`keys` `(B, h * G, K, d)` (head-major groups of one head's keys) with the `g` global keys of `x` `(B, h, N, d)`
-    appended to every group: `(B, h * G, K + g, d)`."""
-    if g == 0:
-        return keys
-    batch, heads, _, dim = x.shape
-    groups = keys.shape[1] // heads
-    glob = x[:, :, None, :g].expand(-1, -1, groups, -1, -1).reshape(batch, heads * groups, g, dim)
-    return torch.cat([keys, glob], dim=2)
+def _key_groups(groups: Tensor, x: Tensor, g: int) -> Tensor:
+    """`groups` `(B, h, G, K, d)` (each head's `G` key sets, usually a strided view of `x`) with the `g` global keys
+    of `x` `(B, h, N, d)` appended to every set, as one `(B, h * G, K + g, d)` tensor: a single copy, which the
+    concatenation makes when there are global keys."""
+    batch, heads, count, _, dim = groups.shape
+    if g:
+        groups = torch.cat([groups, x[:, :, None, :g].expand(-1, -1, count, -1, -1)], dim=3)
+    return groups.reshape(batch, heads * count, -1, dim)
 
 
 def _per_head(mask: Tensor, heads: int) -> Tensor:
@@ -298,8 +297,8 @@ def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
     q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
     out = _sdpa(
         q_blocks,
-        _append_global_keys(k_win.reshape(batch, heads * blocks, width, dim), k, g),
-        _append_global_keys(v_win.reshape(batch, heads * blocks, width, dim), v, g),
+        _key_groups(k_win, k, g),
+        _key_groups(v_win, v, g),
         mask,
         False,
         dropout_p,
@@ -319,9 +318,8 @@ def residue_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, s
     blocks = math.ceil(length / stride)
     padded = blocks * stride
 
-    def to_classes(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h * l, nb, d)
-        x = _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).transpose(2, 3)
-        return x.reshape(batch, heads * stride, blocks, dim)
+    def to_classes(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h, l, nb, d), a view of the padded x
+        return _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).transpose(2, 3)
 
     mask, bias = None, None
     g = _global_count(spec, length)
@@ -333,8 +331,8 @@ def residue_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, s
         mask = _per_head(class_structure(length, spec, q.device)[None] & keys_valid[:, :, None, :], heads)
     elif padded != length or g:
         bias = structure_bias("residue", length, spec, heads, q.dtype, q.device)  # (1, h * l, 1 or nb, nb + g)
-    keys, values = _append_global_keys(to_classes(k), k, g), _append_global_keys(to_classes(v), v, g)
-    out = _sdpa(to_classes(q), keys, values, mask, spec.causal, dropout_p, scale, bias)
+    keys, values = _key_groups(to_classes(k), k, g), _key_groups(to_classes(v), v, g)
+    out = _sdpa(_key_groups(to_classes(q), q, 0), keys, values, mask, spec.causal, dropout_p, scale, bias)
     out = out.reshape(batch, heads, stride, blocks, dim).transpose(2, 3)
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 
@@ -346,8 +344,8 @@ def block_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, sca
     blocks = math.ceil(length / stride)
     padded = blocks * stride
 
-    def to_blocks(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h * nb, l, d)
-        return _pad_length(x, padded).reshape(batch, heads * blocks, stride, dim)
+    def to_blocks(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h, nb, l, d), a view of the padded x
+        return _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim)
 
     mask = None
     g = _global_count(spec, length)
@@ -362,8 +360,8 @@ def block_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, sca
         mask = _per_head(mask, heads)
         if spec.causal:
             mask = mask & torch.ones(stride, stride, dtype=torch.bool, device=q.device).tril()
-    keys, values = _append_global_keys(to_blocks(k), k, g), _append_global_keys(to_blocks(v), v, g)
-    out = _sdpa(to_blocks(q), keys, values, mask, spec.causal, dropout_p, scale)
+    keys, values = _key_groups(to_blocks(k), k, g), _key_groups(to_blocks(v), v, g)
+    out = _sdpa(_key_groups(to_blocks(q), q, 0), keys, values, mask, spec.causal, dropout_p, scale)
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 
 
@@ -596,8 +594,11 @@ class SparseTransformerAttention(ZooAttention):
         """Pattern attention without any `N x N` tensor; `(B, H, N, d)` in and out."""
         dropout_p = self.dropout if self.training else 0.0
         outs = []
-        for heads, kinds in self.head_groups():
-            qh, kh, vh = q[:, heads], k[:, heads], v[:, heads]
+        groups = self.head_groups()
+        # One split per tensor rather than a slice per group: its backward is one concatenation of the groups'
+        # gradients, where slices would each scatter into a zero tensor and then be added.
+        sizes = [heads.stop - heads.start for heads, _ in groups]
+        for (_, kinds), qh, kh, vh in zip(groups, *(x.split(sizes, dim=1) for x in (q, k, v)), strict=True):
             if (self.spec.num_global and self.spec.causal) or (len(kinds) > 1 and kinds != SUB_PATTERNS["fixed"]):
                 # One softmax over the union of the sub-patterns (and the global columns): the edge kernel.
                 outs.append(self._edge_attention(qh, kh, vh, key_valid, dropout_p, kinds))
