@@ -287,18 +287,20 @@ def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
     # Key window of block b covers positions (b - 1) * l ... (b - 1) * l + width - 1.
     k_win = F.pad(k, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)  # (B, h, nb, w, d)
     v_win = F.pad(v, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)
+    # The heads go into SDPA's batch dimension and the blocks into its head dimension, so that the cached bias of a
+    # batch without padding broadcasts over the heads instead of being repeated for each.
     mask, bias = None, None
     if key_valid is None:
-        bias = structure_bias("local", length, spec, heads, q.dtype, q.device)  # (1, h * nb, l, w + g)
+        bias = structure_bias("local", length, spec, 1, q.dtype, q.device)  # (1, nb, l, w + g)
     else:
         keys_valid = _window_keys_valid(_valid_keys(key_valid, batch, length, padded, q.device), length, spec)
-        mask = _per_head(window_structure(length, spec, q.device)[None] & keys_valid[:, :, None, :], heads)
+        mask = window_structure(length, spec, q.device)[None] & keys_valid[:, :, None, :]  # (B, nb, l, w + g)
+        mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch * heads, *mask.shape[1:])
     g = _global_count(spec, length)
-    q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
     out = _sdpa(
-        q_blocks,
-        _key_groups(k_win, k, g),
-        _key_groups(v_win, v, g),
+        _pad_length(q, padded).reshape(batch * heads, blocks, stride, dim),
+        _key_groups(k_win, k, g).view(batch * heads, blocks, width + g, dim),
+        _key_groups(v_win, v, g).view(batch * heads, blocks, width + g, dim),
         mask,
         False,
         dropout_p,
