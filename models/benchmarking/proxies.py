@@ -15,10 +15,11 @@ What makes a sparse family slow or memory-hungry on a GPU can be counted on a CP
 - **the largest single intermediate** (an op output) over the FFN activation `N x 4D`: it forbids `N x N`,
   `N x K x d` and `E x d` tensors; an SDPA call whose head dim is not a multiple of 8 counts with its `N x N` fp32
   scores, which SDPA's math kernel, the only one that takes such a head dim on CUDA, writes;
-- **bytes written by the ops** over dense's (unfused fp32 and int64 chains), and the **Triton launches**.
+- **bytes written by the ops** over dense's (unfused fp32 and int64 chains), and the **Triton launches**
+  (FlexAttention's compiled kernels included).
 
 Method: one bare model with one encoder layer at base width ([`PROXY_SIZE`]; a small vocabulary so that no
-embedding tensor is larger than the layer's), `attention_backend="triton"`, bf16, batch 1, an all-ones attention
+embedding tensor is larger than the layer's), the CUDA code path (below), bf16, batch 1, an all-ones attention
 mask. After one warm-up forward (caches filled, as in the benchmark), an [`~attnzoo.benchmarking.recorder.OpRecorder`]
 records an eval forward without autograd (`fwd`) and a training forward+backward of the benchmark's loss
 (`fwd_bwd`). "Per layer" is the whole one-layer model: its embeddings, input checks (which sync in dense too) and
@@ -27,9 +28,15 @@ method but not to the layer ([`APART_MODULES`]: Smart Bird's sketch network) are
 layers is held to a dense encoder layer's op count ([`module_ops`]).
 
 On a machine without CUDA, `attention_backend="triton"` takes the CUDA code path on CPU tensors under Triton's
-interpreter (`TRITON_INTERPRET=1` before the kernels are first imported). [`cuda_code_path`] then stubs the Triton
-launches (counted, no program runs) and steers the device-type choices a family still makes outside the kernel layer
-to their CUDA branch ([`CUDA_BRANCHES`]). On CUDA the same code counts the real run.
+interpreter (`TRITON_INTERPRET=1` before the kernels are first imported): the proxy model runs it in place of the
+row's backend (`"fast"` unless a variant names one), whose implementation on CUDA it is. [`cuda_code_path`] then stubs
+the Triton launches (counted, no program runs) and steers the device-type choices a family still makes outside the
+kernel layer to their CUDA branch ([`CUDA_BRANCHES`]). FlexAttention, the one choice where `"fast"` and `"triton"`
+differ on CUDA (`attnzoo.kernels.dispatch.uses_flex_attention`: the Sparse Transformer's default), is answered as on
+CUDA for the row's backend, and the FlexAttention call is a counted stand-in of its compiled kernels
+([`~attnzoo.benchmarking.recorder.stubbed_flex_attention`]: one launch forward, two backward, saving what torch's
+FlexAttention saves); its BlockMask is built in the warm-up forward, as in the benchmark. On CUDA the same code
+counts the real run, with the row's own backend.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +52,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .recorder import OpRecorder, stubbed_triton_launches, triton_interpreted
+from ..kernels import dispatch
+from .recorder import OpRecorder, stubbed_flex_attention, stubbed_triton_launches, triton_interpreted
 from .rows import BenchModel, benchmark_models, make_inputs
 from .settings import ModelSize
 from .workload import hidden_loss
@@ -59,8 +68,18 @@ PROXY_LENGTH = 1024
 #: Length of the per-module op counts ([`module_ops`]): op counts do not depend on it, time does.
 MODULE_LENGTH = 256
 #: The rows measured by default: the dense family and each family's main GPU row (SBM at the issue's fastRG 2%
-#: density; its default Bernoulli backend is a dense `N x N` method by design).
-PROXY_ROWS = ("dense_transformer", "a2former", "fsat", "sbm:fastrg-2%", "smart_bird", "sparse_transformer")
+#: density; its default Bernoulli backend is a dense `N x N` method by design), and the Sparse Transformer's other
+#: CUDA path (its default on CUDA is one FlexAttention call; `triton_kernels`: the reshapes into SDPA and attnzoo's
+#: Triton edge kernel).
+PROXY_ROWS = (
+    "dense_transformer",
+    "a2former",
+    "fsat",
+    "sbm:fastrg-2%",
+    "smart_bird",
+    "sparse_transformer",
+    "sparse_transformer:triton_kernels",
+)
 #: Modules counted apart (suffixes of `named_modules` names) -> their attribute holding the layers: Smart Bird's
 #: sketch network runs once per forward, before the layers, and is a small Transformer of its own.
 APART_MODULES = {"encoder.sketch": "layers"}
@@ -108,10 +127,37 @@ CUDA_BRANCHES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {}
 
 
 @contextlib.contextmanager
-def cuda_code_path(recorder: OpRecorder, family: str | None, device: str = "cpu") -> Iterator[None]:
-    """The CUDA code path of `family` on `device`: on a CPU, Triton launches stubbed into `recorder`, the CPU-only
-    index checks unrecorded ([`CPU_ONLY_CHECKS`]) and device-type choices taken as on CUDA ([`CUDA_BRANCHES`]); on
-    CUDA, the run as it is."""
+def _flex_choice_as_on_cuda(backend: str) -> Iterator[None]:
+    """`uses_flex_attention` answers as on CUDA for the row's `backend` wherever the model asks it with the proxy's
+    `"triton"` (patched in every attnzoo module that imported it by name)."""
+    original = dispatch.uses_flex_attention
+
+    def as_on_cuda(requested: str, device: torch.device, *dtypes: torch.dtype) -> bool:
+        return original(backend if requested == "triton" else requested, torch.device("cuda"), *dtypes)
+
+    package = __name__.split(".")[0]
+    modules = [
+        module
+        for name, module in list(sys.modules.items())
+        if name.startswith(package + ".") and getattr(module, "uses_flex_attention", None) is original
+    ]
+    for module in modules:
+        module.uses_flex_attention = as_on_cuda
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.uses_flex_attention = original
+
+
+@contextlib.contextmanager
+def cuda_code_path(
+    recorder: OpRecorder, family: str | None, device: str = "cpu", backend: str = "fast"
+) -> Iterator[None]:
+    """The CUDA code path of `family` on `device`: on a CPU, Triton launches and FlexAttention stubbed into
+    `recorder`, the CPU-only index checks unrecorded ([`CPU_ONLY_CHECKS`]), device-type choices taken as on CUDA
+    ([`CUDA_BRANCHES`]) and the FlexAttention choice as on CUDA for the row's `backend` (the model itself runs
+    `"triton"`, see the module docstring); on CUDA, the run as it is."""
     if torch.device(device).type != "cpu":
         yield
         return
@@ -122,6 +168,8 @@ def cuda_code_path(recorder: OpRecorder, family: str | None, device: str = "cpu"
         )
     with contextlib.ExitStack() as stack:
         stack.enter_context(stubbed_triton_launches(recorder))
+        stack.enter_context(stubbed_flex_attention(recorder))
+        stack.enter_context(_flex_choice_as_on_cuda(backend))
         stack.enter_context(_cpu_only_checks_unrecorded(recorder))
         if family in CUDA_BRANCHES:
             stack.enter_context(CUDA_BRANCHES[family]())
@@ -231,13 +279,20 @@ def proxy_rows(names: list[str] | tuple[str, ...] = PROXY_ROWS) -> list[BenchMod
     return benchmark_models(families, [], keep=list(names))
 
 
-def build_proxy_model(row: BenchModel, size: ModelSize, length: int, dtype: torch.dtype, device: str) -> nn.Module:
-    """The row's bare model at `size` with `attention_backend="triton"` (the CUDA code path), in `dtype`."""
+def build_proxy_model(
+    row: BenchModel, size: ModelSize, length: int, dtype: torch.dtype, device: str
+) -> tuple[nn.Module, str]:
+    """The row's bare model at `size` in `dtype` on its CUDA code path, and the attention backend the row asks for.
+
+    On a CPU the model runs `attention_backend="triton"` (CUDA's implementation of the row's backend, under Triton's
+    interpreter; [`cuda_code_path`] takes the returned backend for the FlexAttention choice); on CUDA the row's own.
+    """
     model = row.build(size, length)
-    if hasattr(model.config, "attention_backend"):
+    backend = getattr(model.config, "attention_backend", "fast")
+    if hasattr(model.config, "attention_backend") and torch.device(device).type == "cpu":
         # Every attention module reads the backend from the config object it shares with the model.
         model.config.attention_backend = "triton"
-    return model.to(device=device, dtype=dtype)
+    return model.to(device=device, dtype=dtype), backend
 
 
 def apart_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -267,7 +322,13 @@ def _loss(output: Any) -> torch.Tensor:
 
 
 def _record(
-    model: nn.Module, inputs: dict, mode: str, scopes: dict[str, nn.Module], family: str | None, seed: int
+    model: nn.Module,
+    inputs: dict,
+    mode: str,
+    scopes: dict[str, nn.Module],
+    family: str | None,
+    seed: int,
+    backend: str,
 ) -> OpRecorder:
     """One recorded eval forward (`fwd`) or training forward+backward (`fwd_bwd`) of `model` on its CUDA path."""
     recorder = OpRecorder()
@@ -275,7 +336,7 @@ def _record(
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     device = next(model.parameters()).device.type
-    with cuda_code_path(recorder, family, device), recorder, recorder.scoped(scopes):
+    with cuda_code_path(recorder, family, device, backend), recorder, recorder.scoped(scopes):
         if mode == "fwd":
             with torch.no_grad():
                 model(**inputs)
@@ -301,14 +362,14 @@ def measure_layer_proxies(
     if size.num_hidden_layers != 1:
         raise ValueError(f"The proxies are per layer: `size` must have one layer, got {size.num_hidden_layers}.")
     torch.manual_seed(seed)
-    model = build_proxy_model(row, size, length, dtype, device)
+    model, backend = build_proxy_model(row, size, length, dtype, device)
     inputs = make_inputs(row, size, 1, length, device, seed)
     apart = apart_modules(model)
     layer = first_layer(model)
-    _record(model, inputs, "fwd", apart, row.family, seed)  # warm-up: lazily built patterns and caches
+    _record(model, inputs, "fwd", apart, row.family, seed, backend)  # warm-up: lazily built patterns and caches
     # (measured: with it, a second forward+backward counts what the first one did)
-    fwd = _record(model, inputs, "fwd", apart, row.family, seed)
-    fwd_bwd = _record(model, inputs, "fwd_bwd", {**apart, "layer": layer}, row.family, seed)
+    fwd = _record(model, inputs, "fwd", apart, row.family, seed, backend)
+    fwd_bwd = _record(model, inputs, "fwd_bwd", {**apart, "layer": layer}, row.family, seed, backend)
     result = LayerProxies(
         row=row.name,
         family=row.family,
@@ -322,10 +383,10 @@ def measure_layer_proxies(
     del model
     if module_length is not None:
         module_length = min(module_length, length)
-        model = build_proxy_model(row, size, module_length, dtype, device)
+        model, backend = build_proxy_model(row, size, module_length, dtype, device)
         small_inputs = make_inputs(row, size, 1, module_length, device, seed)
         layers = {"layer": first_layer(model), **apart_layers(model)}
-        counted = module_ops(model, small_inputs, layers, row.family, seed)
+        counted = module_ops(model, small_inputs, layers, row.family, seed, backend)
         result.layer_module = counted.pop("layer")
         result.apart_layers = list(counted.values())
     return result
@@ -337,11 +398,17 @@ def first_layer(model: nn.Module) -> nn.Module:
 
 
 def module_ops(
-    model: nn.Module, inputs: dict, modules: dict[str, nn.Module], family: str | None, seed: int = 0
+    model: nn.Module,
+    inputs: dict,
+    modules: dict[str, nn.Module],
+    family: str | None,
+    seed: int = 0,
+    backend: str = "fast",
 ) -> dict[str, ModuleOps]:
     """Op counts of each of `modules` run on its own, on the inputs it received in one forward of `model`: an eval
     forward, and a training forward+backward of `mean(output ** 2)` with every parameter of the module trainable
-    (a frozen network counted apart trains when a head gives it labels)."""
+    (a frozen network counted apart trains when a head gives it labels); `backend` is the row's ([`cuda_code_path`]).
+    """
     device = next(model.parameters()).device.type
     captured: dict[str, tuple[tuple, dict]] = {}
     handles = [
@@ -353,7 +420,7 @@ def module_ops(
     model.eval()
     capture = OpRecorder()  # entered: a stubbed kernel zero-fills only outputs allocated while recording
     try:
-        with cuda_code_path(capture, family, device), capture, torch.no_grad():
+        with cuda_code_path(capture, family, device, backend), capture, torch.no_grad():
             model(**inputs)
     finally:
         for handle in handles:
@@ -371,7 +438,7 @@ def module_ops(
                 module.train(mode == "fwd_bwd")
                 torch.manual_seed(seed)
                 hidden, *rest = args
-                with cuda_code_path(recorder, family, device), recorder:
+                with cuda_code_path(recorder, family, device, backend), recorder:
                     if mode == "fwd":
                         with torch.no_grad():
                             module(hidden, *rest, **kwargs)

@@ -3,8 +3,9 @@
 [`OpRecorder`] counts, per scope (a module's forward, or everything else): the ops that launch a kernel, the ops that
 make the host wait for the device on CUDA (each with the attnzoo line that called it), the bytes the ops write, the
 largest single op output and the SDPA calls. [`stubbed_triton_launches`] replaces every Triton kernel launch under
-Triton's CPU interpreter by a counted no-op. [`attnzoo.benchmarking.proxies`] builds the per-layer proxies of GPU
-speed and memory on these.
+Triton's CPU interpreter by a counted no-op, and [`stubbed_flex_attention`] attnzoo's FlexAttention call by a counted
+stand-in of its compiled kernels. [`attnzoo.benchmarking.proxies`] builds the per-layer proxies of GPU speed and
+memory on these.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ WIDENED = frozenset(
     }
 )
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
+#: The kernels one FlexAttention call launches once compiled (torch's inductor lowering): the forward template; in
+#: the backward a reduction (`delta`, the row sums of `out * grad_out` in fp32) and the backward template.
+FLEX_FORWARD_LAUNCHES = ("flex_attention",)
+FLEX_BACKWARD_LAUNCHES = ("flex_attention_backward_delta", "flex_attention_backward")
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
@@ -295,3 +300,52 @@ def stubbed_triton_launches(recorder: OpRecorder) -> Iterator[None]:
         yield
     finally:
         InterpretedFunction.run = run
+
+
+@contextlib.contextmanager
+def stubbed_flex_attention(recorder: OpRecorder) -> Iterator[None]:
+    """Within the block, attnzoo's FlexAttention call on CPU tensors (`flex_attention` in `attnzoo.kernels.flex`,
+    which [`~attnzoo.kernels.flex.flex_block_attention`] calls off CUDA) is a stand-in of the compiled kernels: no
+    program runs, the launches of the forward and of the backward ([`FLEX_FORWARD_LAUNCHES`],
+    [`FLEX_BACKWARD_LAUNCHES`]) are counted in `recorder`'s current scope, the output and the gradients are zeros of
+    the right shape and dtype, and autograd keeps what torch's FlexAttention autograd saves: q, k, v, the output and
+    the fp32 log-sum-exp and row maxima (`(B, H, N)` each). The BlockMask's tile tensors, which torch saves too, are
+    the family's cached constants and cost no memory per step: they are not saved here."""
+    from ..kernels import flex
+
+    original = flex.flex_attention
+
+    def stub(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return _StubbedFlexAttention.apply(recorder, query, key, value)
+
+    flex.flex_attention = stub
+    try:
+        yield
+    finally:
+        flex.flex_attention = original
+
+
+class _StubbedFlexAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, recorder: OpRecorder, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+        launches = recorder.counts(recorder.stack[-1]).launches
+        launches.update(FLEX_FORWARD_LAUNCHES)
+        with recorder.pause():
+            # The kernel's outputs: (B, H, N, d_v) in the queries' memory layout (torch's FlexAttention keeps it, and
+            # the layout decides whether the caller's head merge copies), and two fp32 (B, H, N) row statistics.
+            same_dim = value.shape[-1] == query.shape[-1]
+            out = torch.zeros_like(query) if same_dim else query.new_zeros(*query.shape[:-1], value.shape[-1])
+            logsumexp = query.new_zeros(query.shape[:-1], dtype=torch.float32)
+            row_max = torch.zeros_like(logsumexp)
+        ctx.recorder = recorder
+        ctx.save_for_backward(query, key, value, out, logsumexp, row_max)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):
+        recorder = ctx.recorder
+        recorder.counts(recorder.stack[-1]).launches.update(FLEX_BACKWARD_LAUNCHES)
+        query, key, value = ctx.saved_tensors[:3]
+        with recorder.pause():
+            grads = tuple(torch.zeros_like(t) for t in (query, key, value))
+        return None, *grads

@@ -23,8 +23,8 @@ The compute step never builds an `N x N` mask. Its fast paths:
   with global columns and the merged strided heads take the edge kernel. Lengths that are not a multiple of `l` are
   padded internally with masked keys and sliced back.
 
-The index tensors every path needs (and the density) are built once per length and device, so that no forward copies
-host data to the device or selects with a boolean mask (each a wait for the device on CUDA).
+The index tensors every path needs (and the density) are built on the device itself, once per length and device, so
+that no forward copies host data to the device or selects with a boolean mask (each a wait for the device on CUDA).
 Which fast path is faster on a GPU has not been measured yet (`scripts/tools/bench_sparse_transformer_flex.py`).
 """
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -59,23 +58,22 @@ from .pattern import (
     pattern_mask,
     sub_pattern_mask,
     summary_positions,
-    to_device,
 )
 
 
-def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec) -> tuple[Tensor, Tensor]:
+def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec, device: torch.device) -> tuple[Tensor, Tensor]:
     """Unsorted `(rows, cols)` of one sub-pattern for `length` tokens, built from candidate offsets (O(N * K))."""
     stride = spec.stride
-    i = torch.arange(length)[:, None]
+    i = torch.arange(length, device=device)[:, None]
     if kind == "local":
-        cols = i - torch.arange(0 if spec.causal else -stride, stride + 1)
+        cols = i - torch.arange(0 if spec.causal else -stride, stride + 1, device=device)
     elif kind == "residue":
         reach = math.ceil(length / stride)
-        cols = i - stride * torch.arange(0 if spec.causal else -reach, reach + 1)
+        cols = i - stride * torch.arange(0 if spec.causal else -reach, reach + 1, device=device)
     elif kind == "block":
-        cols = torch.div(i, stride, rounding_mode="floor") * stride + torch.arange(stride)
+        cols = torch.div(i, stride, rounding_mode="floor") * stride + torch.arange(stride, device=device)
     else:
-        cols = summary_positions(length, spec)[None, :].expand(length, -1)
+        cols = summary_positions(length, spec, device)[None, :].expand(length, -1)
     rows = i.expand_as(cols)
     keep = (cols >= 0) & (cols < length)
     if spec.causal:
@@ -83,26 +81,21 @@ def _sub_pattern_edges(kind: str, length: int, spec: PatternSpec) -> tuple[Tenso
     return rows[keep], cols[keep]
 
 
-@lru_cache(maxsize=32)
-def _merged_pattern_edges_cpu(kinds: tuple[str, ...], length: int, spec: PatternSpec) -> tuple[Tensor, Tensor]:
-    parts = [_sub_pattern_edges(kind, length, spec) for kind in kinds]
+@device_cache
+def merged_pattern_edges(
+    kinds: tuple[str, ...], length: int, spec: PatternSpec, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Row-sorted, duplicate-free `(rows, cols)` of the union of `kinds` for `length` tokens (one head) on `device`."""
+    parts = [_sub_pattern_edges(kind, length, spec, device) for kind in kinds]
     if spec.num_global:
-        rows, cols = torch.meshgrid(torch.arange(length), torch.arange(min(spec.num_global, length)), indexing="ij")
+        queries, keys = torch.arange(length, device=device), torch.arange(min(spec.num_global, length), device=device)
+        rows, cols = torch.meshgrid(queries, keys, indexing="ij")
         parts.append((rows.reshape(-1), cols.reshape(-1)))
     rows = torch.cat([r for r, _ in parts])
     cols = torch.cat([c for _, c in parts])
     # A key in both sub-patterns (e.g. j = i, or the own block's summary columns) must count once in the softmax.
     flat = torch.unique(rows * length + cols)  # sorted, so rows come out non-decreasing
     return torch.div(flat, length, rounding_mode="floor"), flat % length
-
-
-@device_cache
-def merged_pattern_edges(
-    kinds: tuple[str, ...], length: int, spec: PatternSpec, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """Row-sorted, duplicate-free `(rows, cols)` of the union of `kinds` for `length` tokens (one head)."""
-    rows, cols = _merged_pattern_edges_cpu(kinds, length, spec)
-    return to_device(rows, device), to_device(cols, device)
 
 
 class FixedColumns(NamedTuple):
@@ -120,16 +113,16 @@ class FixedColumns(NamedTuple):
 
 @device_cache
 def fixed_columns(length: int, spec: PatternSpec, device: torch.device) -> FixedColumns:
-    """The [`FixedColumns`] of `length` tokens (built once on the CPU: the boolean selections and `unique` would
-    each wait for the device there)."""
-    summary = summary_positions(length, spec)
-    glob = torch.arange(_global_count(spec, length))
-    offsets = torch.arange(spec.stride)
+    """The [`FixedColumns`] of `length` tokens on `device` (built once: the boolean selections and `unique` wait for
+    the device)."""
+    summary = summary_positions(length, spec, device)
+    glob = torch.arange(_global_count(spec, length), device=device)
+    offsets = torch.arange(spec.stride, device=device)
     return FixedColumns(
-        summary=to_device(summary, device),
-        summary_and_global=to_device(torch.unique(torch.cat([summary, glob])), device),
-        own=to_device(offsets[~is_summary_column(offsets, spec)], device),
-        extra=to_device(glob[~torch.isin(glob, summary)], device),
+        summary=summary,
+        summary_and_global=torch.unique(torch.cat([summary, glob])),
+        own=offsets[~is_summary_column(offsets, spec)],
+        extra=glob[~torch.isin(glob, summary)],
     )
 
 
@@ -149,12 +142,30 @@ def _valid_keys(key_valid: Tensor | None, batch: int, length: int, padded: int, 
     return _pad_length(key_valid, padded, dim=1, value=False)
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout_p: float, scale: float):
+def _sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    scale: float,
+    bias: Tensor | None = None,
+) -> Tensor:
     # SDPA through the shared dense primitive, which zeroes query rows without any valid key: SDPA's CUDA kernels
     # under bf16 autocast return an average of the masked values there (seen on an H100; the CPU kernels give
-    # zeros). A causal structure is SDPA's own flag only without a mask; with one the callers fold it into the mask.
+    # zeros). A causal structure is SDPA's own flag only without a mask or bias; with one the callers fold it in.
+    # `bias` is a cached pattern bias (`structure_bias`), given only where every real query row keeps a key.
     return dense_attention(
-        q, k, v, mask, is_causal=causal and mask is None, scale=scale, dropout_p=dropout_p, training=dropout_p > 0
+        q,
+        k,
+        v,
+        mask,
+        logit_bias=bias,
+        is_causal=causal and mask is None and bias is None,
+        scale=scale,
+        dropout_p=dropout_p,
+        training=dropout_p > 0,
     )
 
 
@@ -165,15 +176,14 @@ def _global_count(spec: PatternSpec, length: int) -> int:
     return min(spec.num_global, length)
 
 
-def _append_global_keys(keys: Tensor, x: Tensor, g: int) -> Tensor:
-    """`keys` `(B, h * G, K, d)` (head-major groups of one head's keys) with the `g` global keys of `x` `(B, h, N, d)`
-    appended to every group: `(B, h * G, K + g, d)`."""
-    if g == 0:
-        return keys
-    batch, heads, _, dim = x.shape
-    groups = keys.shape[1] // heads
-    glob = x[:, :, None, :g].expand(-1, -1, groups, -1, -1).reshape(batch, heads * groups, g, dim)
-    return torch.cat([keys, glob], dim=2)
+def _key_groups(groups: Tensor, x: Tensor, g: int) -> Tensor:
+    """`groups` `(B, h, G, K, d)` (each head's `G` key sets, usually a strided view of `x`) with the `g` global keys
+    of `x` `(B, h, N, d)` appended to every set, as one `(B, h * G, K + g, d)` tensor: a single copy, which the
+    concatenation makes when there are global keys."""
+    batch, heads, count, _, dim = groups.shape
+    if g:
+        groups = torch.cat([groups, x[:, :, None, :g].expand(-1, -1, count, -1, -1)], dim=3)
+    return groups.reshape(batch, heads * count, -1, dim)
 
 
 def _per_head(mask: Tensor, heads: int) -> Tensor:
@@ -182,41 +192,120 @@ def _per_head(mask: Tensor, heads: int) -> Tensor:
     return mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch, heads * groups, *mask.shape[2:])
 
 
-def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
-    """Strided A1, `|i - j| <= l` (causal: `0 <= i - j <= l`): blocks of `l` queries against their neighbour blocks.
+class _Blocks(NamedTuple):
+    """Sizes of the reshaped paths at one length: `nb` blocks of `l`, `padded = nb * l`, and the local window's
+    width `w` and right padding `after` (its left padding is `l`)."""
 
-    Computes `3l` (causal: `2l`) scores per query instead of `N`; the band mask is `(nb, l, 3l)`.
-    """
-    batch, heads, length, dim = q.shape
+    blocks: int
+    padded: int
+    width: int
+    after: int
+
+
+def _blocks(length: int, spec: PatternSpec) -> _Blocks:
     stride = spec.stride
     blocks = math.ceil(length / stride)
     padded = blocks * stride
     width = 2 * stride if spec.causal else 3 * stride
-    after = padded - length + (0 if spec.causal else stride)
-    # Key window of block b covers positions (b - 1) * l ... (b - 1) * l + width - 1.
-    k_win = F.pad(k, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)  # (B, h, nb, w, d)
-    v_win = F.pad(v, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)
-    valid = _valid_keys(key_valid, batch, length, padded, q.device)
-    valid_win = F.pad(valid, (stride, after - (padded - length)), value=False).unfold(1, width, stride)  # (B, nb, w)
-    r = torch.arange(stride, device=q.device)[:, None]
-    t = torch.arange(width, device=q.device)[None, :]
+    return _Blocks(blocks, padded, width, padded - length + (0 if spec.causal else stride))
+
+
+def _window_keys_valid(valid: Tensor, length: int, spec: PatternSpec) -> Tensor:
+    """`(B, padded)` key validity -> `(B, nb, w + g)` validity of every block's window keys and global keys."""
+    blocks, padded, width, after = _blocks(length, spec)
+    windows = F.pad(valid, (spec.stride, after - (padded - length)), value=False).unfold(1, width, spec.stride)
+    g = _global_count(spec, length)
+    if g:
+        windows = torch.cat([windows, valid[:, None, :g].expand(-1, blocks, -1)], dim=-1)
+    return windows
+
+
+@device_cache
+def window_structure(length: int, spec: PatternSpec, device: torch.device) -> Tensor:
+    """`(nb, l, w + g)` pattern of the local-window blocks in a batch without padding (see
+    [`local_window_attention`]): the band, keys inside the sequence, and the global keys outside the window."""
+    stride = spec.stride
+    blocks, padded, width, _ = _blocks(length, spec)
+    r = torch.arange(stride, device=device)[:, None]
+    t = torch.arange(width, device=device)[None, :]
     band = (t >= r) & (t <= r + (stride if spec.causal else 2 * stride))  # (l, w): i - j = r - t + l
-    mask = band[None, None] & valid_win[:, :, None, :]  # (B, nb, l, w)
+    real = _window_keys_valid(_valid_keys(None, 1, length, padded, device), length, spec)[0]  # (nb, w + g)
     g = _global_count(spec, length)
     if g:
         # Global key j joins query i's softmax unless the window already holds it.
-        queries, keys = torch.arange(padded, device=q.device), torch.arange(g, device=q.device)
+        queries, keys = torch.arange(padded, device=device), torch.arange(g, device=device)
         outside = ~sub_pattern_mask("local", queries, keys, spec).view(blocks, stride, g)  # (nb, l, g)
-        mask = torch.cat([mask, outside[None] & valid[:, None, None, :g]], dim=-1)  # (B, nb, l, w + g)
-    q_blocks = _pad_length(q, padded).reshape(batch, heads * blocks, stride, dim)
+        band = torch.cat([band.expand(blocks, -1, -1), outside], dim=-1)  # (nb, l, w + g)
+    return band & real[:, None, :]
+
+
+@device_cache
+def class_structure(length: int, spec: PatternSpec, device: torch.device) -> Tensor:
+    """`(l, 1, nb + g)` (causal: `(l, nb, nb)`) pattern of the residue classes in a batch without padding (see
+    [`residue_attention`]): keys inside the sequence, the global keys outside the class, the causal order."""
+    stride = spec.stride
+    blocks, padded, _, _ = _blocks(length, spec)
+    real = _valid_keys(None, 1, length, padded, device)
+    mask = real.view(blocks, stride).T  # (l, nb)
+    g = _global_count(spec, length)
+    if g:
+        # Global key j joins class c's softmax unless it belongs to the class (query c stands for the class).
+        classes, keys = torch.arange(stride, device=device), torch.arange(g, device=device)
+        mask = torch.cat([mask, ~sub_pattern_mask("residue", classes, keys, spec)], dim=-1)  # (l, nb + g)
+    mask = mask[:, None]
+    if spec.causal:
+        mask = mask & torch.ones(blocks, blocks, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+#: The sub-patterns whose reshaped path has a cached structure ([`structure_bias`]): every real query attends to
+#: itself there, so a batch without padding has no query row without a key.
+STRUCTURES = {"local": window_structure, "residue": class_structure}
+
+
+@device_cache
+def structure_bias(
+    kind: str, length: int, spec: PatternSpec, heads: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
+    """`(1, heads * G, Q, K)` SDPA bias of a sub-pattern's structure ([`STRUCTURES`]) for a batch without padding:
+    0 where attended, the dtype's minimum elsewhere (as the shared dense primitive masks), repeated for `heads`
+    heads. Built once, so that such a forward builds no mask at all."""
+    structure = STRUCTURES[kind](length, spec, device)  # (G, Q, K)
+    bias = torch.zeros(structure.shape, dtype=dtype, device=device).masked_fill(~structure, torch.finfo(dtype).min)
+    return _per_head(bias[None], heads)
+
+
+def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, scale: float) -> Tensor:
+    """Strided A1, `|i - j| <= l` (causal: `0 <= i - j <= l`): blocks of `l` queries against their neighbour blocks.
+
+    Computes `3l` (causal: `2l`) scores per query instead of `N`; the band mask is `(nb, l, 3l)`, cached with the
+    global keys' for a batch without padding ([`window_structure`]).
+    """
+    batch, heads, length, dim = q.shape
+    stride = spec.stride
+    blocks, padded, width, after = _blocks(length, spec)
+    # Key window of block b covers positions (b - 1) * l ... (b - 1) * l + width - 1.
+    k_win = F.pad(k, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)  # (B, h, nb, w, d)
+    v_win = F.pad(v, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)
+    # The heads go into SDPA's batch dimension and the blocks into its head dimension, so that the cached bias of a
+    # batch without padding broadcasts over the heads instead of being repeated for each.
+    mask, bias = None, None
+    if key_valid is None:
+        bias = structure_bias("local", length, spec, 1, q.dtype, q.device)  # (1, nb, l, w + g)
+    else:
+        keys_valid = _window_keys_valid(_valid_keys(key_valid, batch, length, padded, q.device), length, spec)
+        mask = window_structure(length, spec, q.device)[None] & keys_valid[:, :, None, :]  # (B, nb, l, w + g)
+        mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch * heads, *mask.shape[1:])
+    g = _global_count(spec, length)
     out = _sdpa(
-        q_blocks,
-        _append_global_keys(k_win.reshape(batch, heads * blocks, width, dim), k, g),
-        _append_global_keys(v_win.reshape(batch, heads * blocks, width, dim), v, g),
-        _per_head(mask, heads),
+        _pad_length(q, padded).reshape(batch * heads, blocks, stride, dim),
+        _key_groups(k_win, k, g).view(batch * heads, blocks, width + g, dim),
+        _key_groups(v_win, v, g).view(batch * heads, blocks, width + g, dim),
+        mask,
         False,
         dropout_p,
         scale,
+        bias,
     )
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 
@@ -231,25 +320,21 @@ def residue_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, s
     blocks = math.ceil(length / stride)
     padded = blocks * stride
 
-    def to_classes(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h * l, nb, d)
-        x = _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).transpose(2, 3)
-        return x.reshape(batch, heads * stride, blocks, dim)
+    def to_classes(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h, l, nb, d), a view of the padded x
+        return _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim).transpose(2, 3)
 
-    mask = None
+    mask, bias = None, None
     g = _global_count(spec, length)
-    if key_valid is not None or padded != length or g:
+    if key_valid is not None:
         valid = _valid_keys(key_valid, batch, length, padded, q.device)
-        mask = valid.reshape(batch, blocks, stride).transpose(1, 2)  # (B, l, nb)
+        keys_valid = valid.view(batch, blocks, stride).transpose(1, 2)  # (B, l, nb)
         if g:
-            # Global key j joins class c's softmax unless it belongs to the class (query c stands for the class).
-            classes, keys = torch.arange(stride, device=q.device), torch.arange(g, device=q.device)
-            other = ~sub_pattern_mask("residue", classes, keys, spec)  # (l, g)
-            mask = torch.cat([mask, other[None] & valid[:, None, :g]], dim=-1)  # (B, l, nb + g)
-        mask = _per_head(mask[:, :, None], heads)  # (B, h * l, 1, nb (+ g))
-        if spec.causal:
-            mask = mask & torch.ones(blocks, blocks, dtype=torch.bool, device=q.device).tril()
-    keys, values = _append_global_keys(to_classes(k), k, g), _append_global_keys(to_classes(v), v, g)
-    out = _sdpa(to_classes(q), keys, values, mask, spec.causal, dropout_p, scale)
+            keys_valid = torch.cat([keys_valid, valid[:, None, :g].expand(-1, stride, -1)], dim=-1)  # (B, l, nb + g)
+        mask = _per_head(class_structure(length, spec, q.device)[None] & keys_valid[:, :, None, :], heads)
+    elif padded != length or g:
+        bias = structure_bias("residue", length, spec, heads, q.dtype, q.device)  # (1, h * l, 1 or nb, nb + g)
+    keys, values = _key_groups(to_classes(k), k, g), _key_groups(to_classes(v), v, g)
+    out = _sdpa(_key_groups(to_classes(q), q, 0), keys, values, mask, spec.causal, dropout_p, scale, bias)
     out = out.reshape(batch, heads, stride, blocks, dim).transpose(2, 3)
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 
@@ -261,8 +346,8 @@ def block_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, sca
     blocks = math.ceil(length / stride)
     padded = blocks * stride
 
-    def to_blocks(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h * nb, l, d)
-        return _pad_length(x, padded).reshape(batch, heads * blocks, stride, dim)
+    def to_blocks(x: Tensor) -> Tensor:  # (B, h, N, d) -> (B, h, nb, l, d), a view of the padded x
+        return _pad_length(x, padded).reshape(batch, heads, blocks, stride, dim)
 
     mask = None
     g = _global_count(spec, length)
@@ -277,8 +362,8 @@ def block_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: float, sca
         mask = _per_head(mask, heads)
         if spec.causal:
             mask = mask & torch.ones(stride, stride, dtype=torch.bool, device=q.device).tril()
-    keys, values = _append_global_keys(to_blocks(k), k, g), _append_global_keys(to_blocks(v), v, g)
-    out = _sdpa(to_blocks(q), keys, values, mask, spec.causal, dropout_p, scale)
+    keys, values = _key_groups(to_blocks(k), k, g), _key_groups(to_blocks(v), v, g)
+    out = _sdpa(_key_groups(to_blocks(q), q, 0), keys, values, mask, spec.causal, dropout_p, scale)
     return out.reshape(batch, heads, padded, dim)[:, :, :length]
 
 
@@ -355,9 +440,9 @@ SUB_PATTERN_ATTENTION = {
 }
 
 
-def _row_counts(kind: str, length: int, spec: PatternSpec) -> Tensor:
+def _row_counts(kind: str, length: int, spec: PatternSpec, device: torch.device) -> Tensor:
     """`(N,)` number of keys of one sub-pattern in every row, in closed form."""
-    i, stride = torch.arange(length), spec.stride
+    i, stride = torch.arange(length, device=device), spec.stride
     if kind == "local":
         low = (i - stride).clamp(min=0)
         return (i if spec.causal else (i + stride).clamp(max=length - 1)) - low + 1
@@ -365,51 +450,45 @@ def _row_counts(kind: str, length: int, spec: PatternSpec) -> Tensor:
         return i // stride + 1 if spec.causal else (length - 1 - i % stride) // stride + 1
     if kind == "block":
         return i % stride + 1 if spec.causal else (length - i // stride * stride).clamp(max=stride)
-    positions = summary_positions(length, spec)
+    positions = summary_positions(length, spec, device)
     if spec.causal:
         return torch.searchsorted(positions, i, right=True)
-    return torch.full((length,), positions.numel())
+    return torch.full((length,), positions.numel(), device=device)
 
 
-def _overlap_counts(kinds: tuple[str, ...], length: int, spec: PatternSpec) -> Tensor:
+def _overlap_counts(kinds: tuple[str, ...], length: int, spec: PatternSpec, device: torch.device) -> Tensor:
     """`(N,)` keys that belong to both sub-patterns of a merged head (counted once in its softmax)."""
-    i, stride = torch.arange(length), spec.stride
+    i, stride = torch.arange(length, device=device), spec.stride
     if kinds == SUB_PATTERNS["strided"]:  # j in {i - l, i, i + l}
         return 1 + (i >= stride).long() + (0 if spec.causal else (i + stride < length).long())
     # fixed: the summary columns of the own block (up to i when causal)
-    positions = summary_positions(length, spec)
+    positions = summary_positions(length, spec, device)
     first = i // stride * stride
     last = i if spec.causal else (first + stride - 1).clamp(max=length - 1)
     return torch.searchsorted(positions, last, right=True) - torch.searchsorted(positions, first)
 
 
-# Under `torch.compile` the count stays a host-side cached lookup: dynamo would otherwise ignore the cache and trace
-# the edge construction and `bincount` into every graph (and warn that it bypasses `lru_cache`).
-@torch.compiler.disable
-@lru_cache(maxsize=64)
-def _pattern_counts(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec) -> tuple[int, ...]:
-    """Attended (query, key) pairs of every head at `length` (closed form, `O(N)`)."""
+def _pair_counts(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec, device: torch.device) -> Tensor:
+    """`(H,)` attended (query, key) pairs of every head at `length`, on `device` (closed form, `O(N)`)."""
     counts = []
     for head_kinds in kinds:
         if spec.num_global:
             # Global columns overlap the pattern in ways without a short closed form: count the edge list instead.
-            rows = torch.bincount(_merged_pattern_edges_cpu(head_kinds, length, spec)[0], minlength=length)
+            rows = torch.bincount(merged_pattern_edges(head_kinds, length, spec, device)[0], minlength=length)
         else:
-            rows = sum(_row_counts(kind, length, spec) for kind in head_kinds)
+            rows = sum(_row_counts(kind, length, spec, device) for kind in head_kinds)
             if len(head_kinds) > 1:
-                rows = rows - _overlap_counts(head_kinds, length, spec)
+                rows = rows - _overlap_counts(head_kinds, length, spec, device)
         # The global rows attend to every key (computed by the core).
         rows[: spec.num_global] = length
-        counts.append(int(rows.sum()))
-    return tuple(counts)
+        counts.append(rows.sum())
+    return torch.stack(counts)
 
 
 @device_cache
 def _density(kinds: tuple[tuple[str, ...], ...], length: int, spec: PatternSpec, device: torch.device) -> Tensor:
-    """`(H,)` density of every head at `length`, on `device`: built once, where copying the counts to the device at
-    every forward would make CUDA wait."""
-    counts = torch.tensor(_pattern_counts(kinds, length, spec), dtype=torch.float32)
-    return to_device(counts / float(length * length), device)
+    """`(H,)` density of every head at `length`, counted on `device` once (every forward reads the cached tensor)."""
+    return _pair_counts(kinds, length, spec, device).float() / float(length * length)
 
 
 @dataclass
@@ -517,8 +596,11 @@ class SparseTransformerAttention(ZooAttention):
         """Pattern attention without any `N x N` tensor; `(B, H, N, d)` in and out."""
         dropout_p = self.dropout if self.training else 0.0
         outs = []
-        for heads, kinds in self.head_groups():
-            qh, kh, vh = q[:, heads], k[:, heads], v[:, heads]
+        groups = self.head_groups()
+        # One split per tensor rather than a slice per group: its backward is one concatenation of the groups'
+        # gradients, where slices would each scatter into a zero tensor and then be added.
+        sizes = [heads.stop - heads.start for heads, _ in groups]
+        for (_, kinds), qh, kh, vh in zip(groups, *(x.split(sizes, dim=1) for x in (q, k, v)), strict=True):
             if (self.spec.num_global and self.spec.causal) or (len(kinds) > 1 and kinds != SUB_PATTERNS["fixed"]):
                 # One softmax over the union of the sub-patterns (and the global columns): the edge kernel.
                 outs.append(self._edge_attention(qh, kh, vh, key_valid, dropout_p, kinds))

@@ -13,7 +13,7 @@ Every head's key set becomes tiles of a `BlockMask` (see [`attnzoo.kernels.flex`
 The `mask_mod` evaluates the same rule as the reference ([`pattern.sub_pattern`]), so the union semantics (each key
 once in one softmax) hold by construction. The tiles are classified in closed form from per-position facts of every
 query and key tile (`O(N)` work, no pair of positions evaluated), exactly as `create_block_mask(mask_mod)` would
-classify them, and cached per (heads, length, pattern, device, tile size).
+classify them, on the device, and cached per (heads, length, pattern, device, tile size).
 
 The merged strided heads (one softmax over a window and a residue class) are block-sparse in no order, so they keep
 the edge kernel.
@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
 from ..kernels.flex import MaskMod, PositionPermutation, block_mask_from_tiles, flex_block_attention, with_mask_mod
-from .pattern import SUB_PATTERNS, PatternSpec, device_cache, is_summary_column, sub_pattern, to_device
+from .pattern import SUB_PATTERNS, PatternSpec, device_cache, filled_table, is_summary_column, sub_pattern
 
 #: Query and key tile of the BlockMask: FlexAttention's default, which its compiled kernels' tiles always divide.
 FLEX_BLOCK_SIZE = (128, 128)
@@ -42,10 +42,10 @@ def takes_flex(head_kinds: tuple[tuple[str, ...], ...]) -> bool:
     return all(kinds in FLEX_KINDS for kinds in head_kinds)
 
 
-def class_major_order(length: int, stride: int) -> Tensor:
-    """`(N,)` token position at every class-major position: residue class `c = i mod l` after class `c - 1`, and
-    token order inside a class."""
-    i = torch.arange(length)
+def class_major_order(length: int, stride: int, device: torch.device | None = None) -> Tensor:
+    """`(N,)` token position at every class-major position, on `device` (default: the CPU): residue class
+    `c = i mod l` after class `c - 1`, and token order inside a class."""
+    i = torch.arange(length, device=device)
     per_class, longer = divmod(length, stride)  # the first `longer` classes hold one more position
     residue = i % stride
     start = residue * per_class + residue.clamp(max=longer)  # class-major position of the class's first token
@@ -83,14 +83,14 @@ def classify_tiles(
     """
     if kinds not in FLEX_KINDS:
         raise ValueError(f"sub-patterns {kinds} are block-sparse in no order FlexAttention can use")
-    length, stride = order.shape[0], spec.stride
-    position = torch.arange(length)
+    length, stride, device = order.shape[0], spec.stride, order.device
+    position = torch.arange(length, device=device)
     is_global = order < spec.num_global
     first = torch.where(is_global, length, position)  # non-global positions (the global ones never bind a pair)
     last = torch.where(is_global, -1, position)
 
     def tiles(tile: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        start = torch.arange(0, length, tile)
+        start = torch.arange(0, length, tile, device=device)
         return (
             start,
             (start + tile).clamp(max=length) - 1,
@@ -103,20 +103,21 @@ def classify_tiles(
     ks, kl, x, y, global_col = (t[None, :] for t in tiles(kv_tile))
     # Sub-pattern tests on the whole tiles (touched) and on rows' x cols' (covered). With the causal rule, a tile
     # pair holds some j <= i iff ks <= ql; every pair has j <= i iff y <= a.
-    some_causal = ks <= ql if spec.causal else torch.ones((), dtype=torch.bool)
+    some_causal = ks <= ql if spec.causal else torch.ones((), dtype=torch.bool, device=device)
     if kinds == ("local",):
         # i - j ranges over [qs - kl, ql - ks]; the band is [-l, l] ([0, l] when causal).
         touched = (ql - ks >= (0 if spec.causal else -stride)) & (qs - kl <= stride)
         covered = (x >= b - stride) & (y <= a + (0 if spec.causal else stride))
     else:
-        touched = torch.zeros(qs.shape[0], ks.shape[1], dtype=torch.bool)
+        touched = torch.zeros(qs.shape[0], ks.shape[1], dtype=torch.bool, device=device)
         covered = torch.zeros_like(touched)
     if kinds[0] in ("residue", "block"):
         # Segments: residue classes (contiguous in class-major order) or blocks of l; rows' and cols' all in one.
-        segment = order % stride if kinds == ("residue",) else position // stride
-        seg_start = torch.zeros(int(segment.max()) + 1, dtype=torch.long).scatter_reduce(
-            0, segment, position, "amin", include_self=False
-        )
+        if kinds == ("residue",):
+            segment, segments = order % stride, min(stride, length)
+        else:
+            segment, segments = position // stride, -(-length // stride)
+        seg_start = position.new_zeros(segments).scatter_reduce(0, segment, position, "amin", include_self=False)
         seg_end = torch.zeros_like(seg_start).scatter_reduce(0, segment, position, "amax", include_self=False)
         touched = (segment[qs] <= segment[kl]) & (segment[ks] <= segment[ql]) & some_causal
         own = segment[a.clamp(max=length - 1)]
@@ -214,28 +215,25 @@ def flex_pattern(
     device: torch.device,
     block_size: tuple[int, int] = FLEX_BLOCK_SIZE,
 ) -> FlexPattern:
-    """The layer's [`FlexPattern`] at `length` on `device` (built once, on the CPU, then moved)."""
+    """The layer's [`FlexPattern`] at `length`, built once on `device`."""
     q_tile, kv_tile = block_size
-    token = torch.arange(length)
-    orders, touched, full = {}, [], []
+    token = torch.arange(length, device=device)
+    orders, tiles = {}, {}
     for kinds in dict.fromkeys(head_kinds):
-        order = class_major_order(length, spec.stride) if kinds == ("residue",) else token
-        orders[kinds] = order
-        tiles = classify_tiles(kinds, order, spec, q_tile, kv_tile)
-        touched.append(tiles[0])
-        full.append(tiles[1])
-    groups = list(orders)
-    per_head = torch.tensor([groups.index(kinds) for kinds in head_kinds])
-    touched_h, full_h = torch.stack(touched)[per_head], torch.stack(full)[per_head]  # (H, Q tiles, K tiles)
+        orders[kinds] = class_major_order(length, spec.stride, device) if kinds == ("residue",) else token
+        tiles[kinds] = classify_tiles(kinds, orders[kinds], spec, q_tile, kv_tile)
+    touched_h = torch.stack([tiles[kinds][0] for kinds in head_kinds])  # (H, Q tiles, K tiles)
+    full_h = torch.stack([tiles[kinds][1] for kinds in head_kinds])
     table = None
     if any(kinds == ("residue",) for kinds in head_kinds):
-        table = to_device(torch.stack([orders[kinds] for kinds in head_kinds]), device)
-    group_of_head = to_device(per_head, device) if len(groups) > 1 else None
+        table = torch.stack([orders[kinds] for kinds in head_kinds])
+    groups = list(orders)
+    group_of_head = filled_table([groups.index(kinds) for kinds in head_kinds], device) if len(groups) > 1 else None
     structure = pattern_mask_mod(head_kinds, spec, table, group_of_head, None)
     kwargs = {"q_block": q_tile, "kv_block": kv_tile, "seq_lengths": (length, length), "mask_mod": structure}
     return FlexPattern(
-        block_mask=to_device(block_mask_from_tiles(touched_h & ~full_h, full_h, **kwargs), device),
-        padded_tiles=to_device(block_mask_from_tiles(touched_h, None, **kwargs), device),
+        block_mask=block_mask_from_tiles(touched_h & ~full_h, full_h, **kwargs),
+        padded_tiles=block_mask_from_tiles(touched_h, None, **kwargs),
         permutation=None if table is None else PositionPermutation(table),
         group_of_head=group_of_head,
         head_kinds=head_kinds,

@@ -10,19 +10,18 @@ the global columns `j < num_global`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask
 
 #: the two sub-patterns (A1, A2) of each pattern
 SUB_PATTERNS = {"strided": ("local", "residue"), "fixed": ("block", "summary")}
 
 _R = TypeVar("_R")
-_Movable = TypeVar("_Movable", Tensor, BlockMask)
 
 
 @dataclass(frozen=True)
@@ -54,10 +53,11 @@ def is_summary_column(j: Tensor, spec: PatternSpec) -> Tensor:
     return keep
 
 
-def summary_positions(length: int, spec: PatternSpec) -> Tensor:
-    """Positions `j < length` of the fixed pattern's summary columns, ascending (on the CPU: the device paths take
-    them from a per-device cache, see [`device_cache`])."""
-    j = torch.arange(length)
+def summary_positions(length: int, spec: PatternSpec, device: torch.device | None = None) -> Tensor:
+    """Positions `j < length` of the fixed pattern's summary columns, ascending, on `device` (default: the CPU).
+
+    Selecting them waits for the device on CUDA: the forward paths read them from a cache ([`device_cache`])."""
+    j = torch.arange(length, device=device)
     return j[is_summary_column(j, spec)]
 
 
@@ -119,10 +119,12 @@ def pattern_mask(kinds: tuple[tuple[str, ...], ...], q_pos: Tensor, k_pos: Tenso
 def device_cache(builder: Callable[..., _R]) -> Callable[..., _R]:
     """Cache the constant tensors a pattern needs, keyed by the builder's (hashable) arguments, the device included.
 
-    The hot path then reads them without building anything, and without copying a CPU tensor to the device (a
-    synchronising copy on CUDA) at every forward. They are built outside inference mode, since autograd may save
-    them (indices, BlockMasks) in a later training step; and under `torch.compile` the lookup stays a host-side call
-    (dynamo would otherwise bypass the cache and trace the builder into every graph).
+    The builders make them on the device itself, so that no forward copies host data to the device (a synchronising
+    copy on CUDA) or selects with a boolean mask: whatever waits for the device while building (a selection, a
+    `unique`) does so once per cache entry. The hot path then reads them without building anything. They are built
+    outside inference mode, since autograd may save them (indices, BlockMasks) in a later training step; and under
+    `torch.compile` the lookup stays a host-side call (dynamo would otherwise bypass the cache and trace the builder
+    into every graph).
     """
     cached = functools.lru_cache(maxsize=64)(builder)
 
@@ -136,15 +138,16 @@ def device_cache(builder: Callable[..., _R]) -> Callable[..., _R]:
     return lookup
 
 
-def to_device(value: _Movable, device: torch.device) -> _Movable:
-    """`value` (a tensor or a `BlockMask`) on `device`: the one place where the builders of [`device_cache`] copy
-    what they built on the CPU (a copy from the host, which CUDA waits for: once per cache entry, never per forward).
+def filled_table(values: Sequence[int], device: torch.device) -> Tensor:
+    """`(len(values),)` int64 tensor of `values` built on `device` by one fill per run of equal values: a short table
+    of Python integers without a copy of host data to the device.
 
     Args:
-        value (`torch.Tensor` or `BlockMask`): a constant of the pattern, built on the CPU.
-        device (`torch.device`): where the layer runs.
-
-    Returns:
-        The same kind of object on `device`.
+        values (`Sequence[int]`): the entries, e.g. every head's group index (a few runs).
+        device (`torch.device`): where the table is used.
     """
-    return value.to(device)
+    runs = [
+        torch.full((len(list(run)),), value, dtype=torch.long, device=device)
+        for value, run in itertools.groupby(values)
+    ]
+    return torch.cat(runs) if runs else torch.empty(0, dtype=torch.long, device=device)

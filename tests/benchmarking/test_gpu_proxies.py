@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+import torch.nn.attention.flex_attention as torch_flex
+from torch.nn.attention.flex_attention import create_block_mask
 
 from attnzoo.benchmarking import BenchmarkSettings, Workload
 from attnzoo.benchmarking.proxies import (
@@ -32,8 +34,9 @@ from attnzoo.benchmarking.proxies import (
     proxy_rows,
 )
 from attnzoo.benchmarking.proxy_report import ProxySummary, find_host_copies, summarize_proxies
-from attnzoo.benchmarking.recorder import OpRecorder, stubbed_triton_launches
+from attnzoo.benchmarking.recorder import OpRecorder, stubbed_flex_attention, stubbed_triton_launches
 from attnzoo.kernels import gathered_attention
+from attnzoo.kernels.flex import flex_block_attention
 from source_checkout import load_script
 
 pytest.importorskip("triton")
@@ -88,13 +91,14 @@ STATUS = {
             "apart_layers": "+4 / +8 ops per sketch layer: q, k, v padded to head dim 8 (flash SDPA, not math)",
         },
     ),
-    "sparse_transformer": Status(
-        69, 117, 0, 1, 1.48, 1.00, 1.68,
+    # CUDA's default path: one FlexAttention call per layer (the call a counted stand-in, see `cuda_code_path`).
+    "sparse_transformer": Status(4, 7, 0, 0, 1.08, 1.00, 1.06),
+    # The other CUDA path (`attention_backend="triton"`): the reshapes into SDPA and attnzoo's Triton edge kernel.
+    "sparse_transformer:triton_kernels": Status(
+        20, 62, 0, 0, 1.37, 1.00, 1.51,
         over_budget={
-            "ops": "+69 / +117 ops on the Triton path (window copies, per-head masks, concatenated head groups); "
-            "FlexAttention, which CUDA takes by default, is not the path measured here",
-            "syncs": "the pattern cache's one-time copy to the device (pattern.to_device), found by the static check",
-            "saved": "1.48x dense: copied key/value windows and the bf16 mask bias",
+            "ops": "+20 / +62 ops: window and class copies, global keys appended to each, the head groups joined",
+            "saved": "1.37x dense: the copied key/value windows (each key in three) and residue classes",
         },
     ),
 }  # fmt: skip
@@ -207,7 +211,10 @@ def test_the_benchmark_script_prints_the_same_numbers(tmp_path):
     status = STATUS["sparse_transformer"]
     assert (summary["extra_ops_fwd"], summary["extra_ops_fwd_bwd"]) == (status.extra_ops_fwd, status.extra_ops_fwd_bwd)
     assert set(summary["over_budget"]) == set(status.over_budget)
-    assert "| sparse_transformer | +69 / +117 |" in (tmp_path / "proxies.md").read_text()
+    assert (
+        f"| sparse_transformer | +{status.extra_ops_fwd} / +{status.extra_ops_fwd_bwd} |"
+        in (tmp_path / "proxies.md").read_text()
+    )
 
 
 # ----- the recorder -----
@@ -276,6 +283,55 @@ def test_stubbed_launches_are_counted_and_return_zeros():
     assert out.shape == q.shape and not out.any()  # the kernel wrote nothing: zeros, not uninitialised memory
     assert recorder.total().launches == {"_gathered_fwd": 1, "_gathered_bwd": 1}
     assert q.grad is not None and not q.grad.any()
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # torch's own, run for comparison
+def test_stubbed_flex_attention_counts_its_kernels_and_saves_what_torch_saves(monkeypatch):
+    q, k, v = (torch.randn(1, 2, 256, 16, requires_grad=True) for _ in range(3))
+    block_mask = create_block_mask(lambda b, h, i, j: (i - j).abs() <= 8, 1, 2, 256, 256, device="cpu")
+
+    def saved_floats(attention) -> list[tuple]:
+        saved = []
+
+        def pack(tensor):
+            if tensor.is_floating_point():  # the BlockMask's int32 tiles are the family's cached constants
+                saved.append((tuple(tensor.shape), tensor.dtype))
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = attention(q, k, v, block_mask=block_mask, scale=0.25)
+        return out, saved
+
+    # torch refuses FlexAttention's backward on CPU before its autograd saves anything: lift that check to see it.
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda *args: None)
+    expected_out, expected = saved_floats(torch_flex.flex_attention)
+    recorder = OpRecorder()
+    with stubbed_flex_attention(recorder), recorder:
+        out, saved = saved_floats(flex_block_attention)
+        out.sum().backward()
+    assert saved == expected  # q, k, v, the output, the fp32 log-sum-exp and row maxima
+    assert (out.shape, out.dtype, out.stride()) == (expected_out.shape, expected_out.dtype, expected_out.stride())
+    assert not out.any() and not q.grad.any() and k.grad.shape == k.shape
+    assert recorder.total().launches == {
+        "flex_attention": 1,
+        "flex_attention_backward_delta": 1,
+        "flex_attention_backward": 1,
+    }
+    assert recorder.total().ops == {"sum": 1, "ones_like": 1}  # the loss and its gradient seed: the stand-in runs none
+
+
+def test_the_sparse_transformer_rows_measure_each_cuda_path(measured):
+    """The default row measures the FlexAttention call CUDA takes for `"fast"`, `triton_kernels` the other path."""
+    flex, kernels = measured("sparse_transformer"), measured("sparse_transformer:triton_kernels")
+    assert flex.fwd.launches == {"flex_attention": 1}
+    assert flex.fwd_bwd.launches == {
+        "flex_attention": 1,
+        "flex_attention_backward_delta": 1,
+        "flex_attention_backward": 1,
+    }
+    assert not any(name.startswith("flex") for name in kernels.fwd_bwd.launches)
+    assert "_scaled_dot_product_flash_attention_for_cpu" not in flex.fwd.ops_by_name
+    assert "_scaled_dot_product_flash_attention_for_cpu" in kernels.fwd.ops_by_name
 
 
 def test_static_check_finds_host_copies():

@@ -14,7 +14,7 @@ from attnzoo.core.compat import get_cache
 from attnzoo.sparse_transformer import SparseTransformerAttention, SparseTransformerConfig
 from attnzoo.sparse_transformer.attention_sparse_transformer import (
     PatternSpec,
-    _pattern_counts,
+    _pair_counts,
     merged_pattern_edges,
     pattern_mask,
 )
@@ -78,7 +78,8 @@ def test_pattern_masks_equal_brute_force_sets(pattern, causal, shape):
     assert torch.equal(torch.bincount(rows, minlength=n), merged.sum(-1))
     # The closed-form densities count the same pairs.
     heads = ((kinds[0],), (kinds[1],), kinds)
-    assert _pattern_counts(heads, n, spec) == (int(split[0].sum()), int(split[1].sum()), int(merged.sum()))
+    counts = _pair_counts(heads, n, spec, torch.device("cpu")).tolist()
+    assert counts == [int(split[0].sum()), int(split[1].sum()), int(merged.sum())]
 
 
 @pytest.mark.parametrize("n", [5, 130, 300])
@@ -151,9 +152,13 @@ def test_fast_path_equals_reference_forward_and_backward(pattern, assignment, ca
         results.append((out, *grads))
     for fast, ref in zip(*results, strict=True):
         torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
-    # Without any padding the mask-free SDPA calls run.
-    fast = _run(attention, q, k, v, None, "fast")
-    torch.testing.assert_close(fast, _run(attention, q, k, v, None, "reference"), rtol=1e-10, atol=1e-10)
+    # Without any padding the mask-free SDPA calls and the cached pattern biases run.
+    results = []
+    for backend in ("fast", "reference"):
+        out = _run(attention, q, k, v, None, backend)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    for fast, ref in zip(*results, strict=True):
+        torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize(
