@@ -11,12 +11,13 @@ channel), zero for a row without any real pair. Two implementations:
 The fused one splits each sequence into its even and odd tokens, `f = e(x^2) + x o(x^2)` as polynomials. The merge
 keeps antidiagonals `2t` and `2t+1` of `f1 f2`, the odd coefficients of `f1 f2 (1 + x)`, which are
 `s1 s2 + (y - 1) o1 o2` in `y = x^2` with `s = e + o`: two linear convolutions of half-length sequences, each done
-in an FFT of length N (zero-padded from N/2) instead of 2N. Both real pairs are packed into one complex signal,
+in an FFT of length N (zero-padded from N/2) instead of 2N. Each real pair is packed into one complex signal,
 `p = s1 + i s2` and `q = o1 + i o2`: `Im(p * p) = 2 (s1 * s2)` (`*` the linear convolution), so the merge is
 `Im(ifft(fft(p)^2 / 2 + w fft(q)^2))` with `w_k = (exp(-2 pi i k / N) - 1) / 2` (the shift by `y`, minus one, halved),
 minus the self pair. The backward is two correlations of the row gradient `g`: `corr(g, p)_u = sum_v g_{u+v} p_v` is
 `fft(ifft(g) fft(p))` and holds `(ds2, ds1)` as (real, imaginary) parts; the `q` one reads `g_{t+1} - g_t`, whose
-`ifft` is `2 w ifft(g)`. Then `de = ds` and `do = ds + 2 dq` per token, minus the self pair.
+`ifft` is `2 w ifft(g)`. Even tokens get `ds`, odd ones `ds + dq`: the transforms of `ifft(g) fft(p)` and
+`ifft(g) (fft(p) + 2 w fft(q))`, then minus the self pair.
 """
 
 from __future__ import annotations
@@ -153,12 +154,12 @@ class _PooledCross(torch.autograd.Function):
             p_hat, q_hat = _half_spectra(f1, f2, real)
             n = p_hat.shape[1]
             grad_hat = torch.fft.ifft(complex_grad, n=n, dim=1)  # (B, n, D) complex
-            # (ds2, ds1) and (dq2, dq1) per pair of tokens, as (real, imaginary) parts.
-            ds = torch.view_as_real(torch.fft.fft(grad_hat * p_hat, dim=1)[:, : n // 2])  # (B, n/2, D, 2)
-            shifted = grad_hat.mul_(_shift_minus_one(n, grad_hat.dtype, grad_hat.device))
-            dq = torch.view_as_real(torch.fft.fft(shifted.mul_(q_hat), dim=1)[:, : n // 2])
-            # Even tokens get ds, odd ones ds + 2 dq (the 2 of `ifft(g_{t+1} - g_t) = 2 w ifft(g)`).
-            parts = torch.stack((ds, torch.add(ds, dq, alpha=2.0)), dim=2).view(B, n, D, 2)[:, :N]
+            # Even tokens get ds, odd ones ds + 2 dq (the 2 of `ifft(g_{t+1} - g_t) = 2 w ifft(g)`): one transform
+            # each, of `ifft(g) fft(p)` and `ifft(g) (fft(p) + 2 w fft(q))`, as (df2, df1) in (real, imaginary) parts.
+            odd_hat = torch.addcmul(p_hat, _shift_minus_one(n, p_hat.dtype, p_hat.device), q_hat, value=2.0)
+            even = torch.view_as_real(torch.fft.fft(grad_hat * p_hat, dim=1)[:, : n // 2])  # (B, n/2, D, 2)
+            odd = torch.view_as_real(torch.fft.fft(odd_hat.mul_(grad_hat), dim=1)[:, : n // 2])
+            parts = torch.stack((even, odd), dim=2).view(B, n, D, 2)[:, :N]  # (B, N, D, 2)
             # Minus the self pair, written in the inputs' dtype by the same op: (df1, df2) -= g (f2, f1).
             grad_f1 = torch.addcmul(parts[..., 1], grad, f2, value=-1.0, out=torch.empty_like(f1))
             grad_f2 = torch.addcmul(parts[..., 0], grad, f1, value=-1.0, out=torch.empty_like(f2))
@@ -178,13 +179,15 @@ def _half_spectra(f1: Tensor, f2: Tensor, real: torch.dtype) -> tuple[Tensor, Te
     """The length-`n` spectra of `p = s1 + i s2` and `q = o1 + i o2` along the sequence (`n` = N rounded up to even,
     `s` / `o` the sums / odd tokens of each pair of tokens, zero-padded from n/2): `(B, n, D)` complex each."""
     B, N, D = f1.shape
-    pair = torch.stack((f1, f2), dim=-1)  # (B, N, D, 2)
     n = N + N % 2
-    grouped = (pair if n == N else F.pad(pair, (0, 0, 0, 0, 0, 1))).view(B, n // 2, 2, D, 2)
-    p = grouped.sum(2, dtype=real)  # (B, n/2, D, 2): summed in the FFT's dtype, exact for bf16
+    # Zero-padded to 2n tokens first, so that the sums and odd tokens of each pair of tokens come out zero-padded
+    # to n rows (the transforms' length) by the ops that compute them.
+    pair = F.pad(torch.stack((f1, f2), dim=-1), (0, 0, 0, 0, 0, 2 * n - N))  # (B, 2n, D, 2)
+    grouped = pair.view(B, n, 2, D, 2)
+    p = grouped.sum(2, dtype=real)  # (B, n, D, 2): summed in the FFT's dtype, exact for bf16
     q = grouped[:, :, 1].to(real, memory_format=torch.contiguous_format)
-    p_hat = torch.fft.fft(torch.view_as_complex(p), n=n, dim=1)
-    q_hat = torch.fft.fft(torch.view_as_complex(q), n=n, dim=1)
+    p_hat = torch.fft.fft(torch.view_as_complex(p), dim=1)
+    q_hat = torch.fft.fft(torch.view_as_complex(q), dim=1)
     return p_hat, q_hat
 
 
