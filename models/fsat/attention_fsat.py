@@ -231,7 +231,11 @@ class FSATAttention(ZooAttention):
             # zero. Keys past the scale (padding, or beyond L_max) are clamped; their edges are dropped anyway.
             prior = _position_prior if isinstance(scale, torch.Tensor) else _cached_position_prior
             logits = logits + prior(N, scale, cross.device)  # (B, H', N, M)
-        return torch.sigmoid(logits).expand(B, self.num_heads, N, self.num_predicted) * scale
+        mean = torch.sigmoid(logits).expand(B, self.num_heads, N, self.num_predicted)  # (B, H, N, M)
+        if torch.is_grad_enabled():
+            return mean * scale
+        # Without autograd the product is written in the (b, h, j, m) order the kernels read: no copy to lay it out.
+        return torch.mul(mean, scale, out=torch.empty(mean.shape, dtype=mean.dtype, device=mean.device))
 
     def select_slots(self, mean: torch.Tensor, valid: torch.Tensor | None) -> KeySlots:
         """Key-centric edges in fixed slots: predicted queries `floor(I_bar)` and, in training, random real queries

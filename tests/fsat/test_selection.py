@@ -52,6 +52,9 @@ def test_the_cached_key_position_prior_equals_the_one_built_from_lengths():
     built = attention.predict_indices(cross, torch.tensor([6, 6]))  # a lengths tensor: built on the call
     assert torch.equal(cached, built)
     assert attention.predict_indices(cross, None) is not cached  # the prior is cached, not the predictions
+    with torch.no_grad():  # written in the kernels' (b, h, j, m) order, the same values
+        laid_out = attention.predict_indices(cross, None)
+    assert laid_out.is_contiguous() and not cached.is_contiguous() and torch.equal(laid_out, cached)
     # Untrained keys predict around themselves: with a zero predictor, key j's predictions are j + 0.5.
     torch.nn.init.zeros_(attention.index_predictor.weight)
     torch.nn.init.zeros_(attention.index_predictor.bias)
