@@ -3,7 +3,8 @@
 Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.md`):
 
 1. `F1 = f1(X)`, `F2 = f2(X)` (zeroed at padded positions), `C0_k = sum_{i+j=k} F1_i * F2_j` by FFT (fp32; fp64
-   for fp64 inputs; `pooling.py`: one complex FFT, only `F1` and `F2` saved for the backward).
+   for fp64 inputs; `pooling.py`: transforms of length N on the even/odd token split, only `F1` and `F2` saved
+   for the backward).
 2. Central-token merge: `C_t = LN(C0_{2t} + C0_{2t+1} - F1_t * F2_t)` (`C0_{2N-1}` is an empty antidiagonal = 0).
 3. `Q = X W_Q`, `K = C W_K`, `V = C W_V`.
 4. Selection: `I_bar = sigmoid(C W_I + b_I) * L` predicts, for every key `j`, `M` query positions (with
