@@ -3,7 +3,8 @@
 Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.md`):
 
 1. `F1 = f1(X)`, `F2 = f2(X)` (zeroed at padded positions), `C0_k = sum_{i+j=k} F1_i * F2_j` by FFT (fp32; fp64
-   for fp64 inputs; `pooling.py`: one complex FFT, only `F1` and `F2` saved for the backward).
+   for fp64 inputs; `pooling.py`: transforms of length N on the even/odd token split, only `F1` and `F2` saved
+   for the backward).
 2. Central-token merge: `C_t = LN(C0_{2t} + C0_{2t+1} - F1_t * F2_t)` (`C0_{2N-1}` is an empty antidiagonal = 0).
 3. `Q = X W_Q`, `K = C W_K`, `V = C W_V`.
 4. Selection: `I_bar = sigmoid(C W_I + b_I) * L` predicts, for every key `j`, `M` query positions (with
@@ -30,6 +31,7 @@ from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import global_edges
 from ..core.masking import attention_bool_mask
 from ..kernels import dense_attention, key_slot_attention
+from ..kernels.constants import cached_constant
 from ..kernels.key_slots import gaussian_confidence, key_slot_edges, truncate_positive_gradient
 from .configuration_fsat import FSATConfig
 from .pooling import antidiagonal_sums, central_token_merge, pooled_cross_fused
@@ -49,6 +51,22 @@ __all__ = [
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def _position_prior(length: int, scale: float | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`logit((j + 0.5) / scale)` `(1 or B, 1, N, 1)` fp32: the `"key_position"` prior of key `j`'s predictions."""
+    centre = torch.arange(0.5, length, device=device, dtype=torch.float32).view(1, 1, length, 1) / scale
+    return torch.logit(centre, eps=torch.finfo(torch.float32).eps)
+
+
+#: The prior at a fixed scale (no padding, or `index_scale="max_length"`): one per (length, scale, device).
+_cached_position_prior = cached_constant(_position_prior)
+
+
+@cached_constant
+def _minus_one(device: torch.device) -> torch.Tensor:
+    """0-d fp32 -1 (a Python scalar in `torch.where` is wrapped into a new tensor on every call)."""
+    return torch.full((), -1.0, device=device)
 
 
 class FeatureMap(nn.Module):
@@ -190,7 +208,7 @@ class FSATAttention(ZooAttention):
         """
         f1 = self.feature_map_1(hidden_states, valid)
         f2 = self.feature_map_2(hidden_states, valid)
-        return self.cross_norm(pooled_cross_fused(f1, f2, valid).to(hidden_states.dtype))
+        return self.cross_norm(pooled_cross_fused(f1, f2, valid, out_dtype=hidden_states.dtype))
 
     def predict_indices(self, cross: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         """Continuous predicted query positions `I_bar` `(B, H, N, M)` in fp32, in `(0, L)`.
@@ -212,9 +230,13 @@ class FSATAttention(ZooAttention):
         if self.config.index_prior == "key_position":
             # Centre key j's predictions on j itself: sigmoid(logit(p)) * L = p * L = j + 0.5 when the learnt part is
             # zero. Keys past the scale (padding, or beyond L_max) are clamped; their edges are dropped anyway.
-            centre = torch.arange(0.5, N, device=cross.device, dtype=torch.float32).view(1, 1, N, 1) / scale
-            logits = logits + torch.logit(centre, eps=torch.finfo(torch.float32).eps)  # (B, H', N, M)
-        return torch.sigmoid(logits).expand(B, self.num_heads, N, self.num_predicted) * scale
+            prior = _position_prior if isinstance(scale, torch.Tensor) else _cached_position_prior
+            logits = logits + prior(N, scale, cross.device)  # (B, H', N, M)
+        mean = torch.sigmoid(logits).expand(B, self.num_heads, N, self.num_predicted)  # (B, H, N, M)
+        if torch.is_grad_enabled():
+            return mean * scale
+        # Without autograd the product is written in the (b, h, j, m) order the kernels read: no copy to lay it out.
+        return torch.mul(mean, scale, out=torch.empty(mean.shape, dtype=mean.dtype, device=mean.device))
 
     def select_slots(self, mean: torch.Tensor, valid: torch.Tensor | None) -> KeySlots:
         """Key-centric edges in fixed slots: predicted queries `floor(I_bar)` and, in training, random real queries
@@ -235,9 +257,9 @@ class FSATAttention(ZooAttention):
             # The predictor's heads come out of one linear as (B, N, H, M), and the kernels read the slots by their
             # flat (b, h, j, s) position: lay them out in that order (in training, appending the random slots does).
             mean = mean.contiguous()
-        index = mean.detach().floor()  # (B, H, N, M); >= 0, and NaN fails every comparison below
-        in_range = index < N
-        index = index.to(torch.int32)
+        predicted = mean.detach()  # (B, H, N, M); >= 0, so the cast to int32 below is the floor
+        # -1 (dropped) out of range, and for NaN, which fails the comparison.
+        index = torch.where(predicted < N, predicted, _minus_one(mean.device)).to(torch.int32)
         slot_mean = mean
         if explore:
             R = self.num_random
@@ -251,15 +273,13 @@ class FSATAttention(ZooAttention):
                 rank = (u * lengths.view(B, 1, 1, 1)).long().clamp(max=N - 1)
                 random_index = real_positions.gather(1, rank.view(B, -1)).view(B, H, N, R).to(torch.int32)
             index = torch.cat([index, random_index], dim=-1)  # (B, H, N, M + R)
-            in_range = torch.cat([in_range, torch.ones_like(random_index, dtype=torch.bool)], dim=-1)
             # Random slot r is centred on prediction r mod M.
             paired_mean = mean.repeat(1, 1, 1, -(-R // M))[..., :R] if R > M else mean[..., :R]
             slot_mean = torch.cat([mean, paired_mean], dim=-1)
-        keep = in_range
         if valid is not None:
-            query_real = valid.gather(1, index.clamp(0, N - 1).reshape(B, -1).long()).view(index.shape)
-            keep = keep & query_real & valid.view(B, 1, N, 1)
-        return KeySlots(query=torch.where(keep, index, -1), mean=slot_mean)
+            query_real = valid.gather(1, index.clamp(min=0).reshape(B, -1).long()).view(index.shape)
+            index = torch.where(query_real & valid.view(B, 1, N, 1), index, -1)
+        return KeySlots(query=index, mean=slot_mean)
 
     def select_edges(self, mean: torch.Tensor, valid: torch.Tensor | None) -> FSATEdges:
         """The live slots of [`select_slots`] as a flat edge list (global keys' own predictions included).

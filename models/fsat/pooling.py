@@ -5,21 +5,30 @@ channel), zero for a row without any real pair. Two implementations:
 
 - [`pooled_cross_plain`]: two zero-padded real FFTs, their product and an inverse, then the merge, in plain autograd
   (the reference; autograd keeps both spectra and the padded copies: about 480 MB per layer at 16K tokens, width 768);
-- [`pooled_cross_fused`]: a custom autograd Function that saves only `f1` and `f2` and recomputes in backward.
+- [`pooled_cross_fused`]: a custom autograd Function that saves only `f1` and `f2` and recomputes in backward, with
+  no intermediate larger than a `(B, N, D)` complex tensor (the plain one's spectra are `(B, 2N, D)`).
 
-The fused one packs both real inputs into one complex signal `z = f1 + i f2`. Its square's transform gives the
-convolution at once: `z * z = (f1 * f1 - f2 * f2) + 2i (f1 * f2)` (`*` the linear convolution), so
-`f1 * f2 = Im(ifft(fft(z)^2)) / 2`; the halving falls into the merge, which averages the two antidiagonals. The
-backward is one correlation, `df1_m + i df2_m = sum_k g_k (f2_{k-m} + i f1_{k-m})`, whose transform is
-`fft(ifft(g) * fft(z))` read as (imaginary, real) parts (`g_k = dmerged_{k // 2}`, the gradient of antidiagonal
-`k`), minus the self pair `(t, t)`.
+The fused one splits each sequence into its even and odd tokens, `f = e(x^2) + x o(x^2)` as polynomials. The merge
+keeps antidiagonals `2t` and `2t+1` of `f1 f2`, the odd coefficients of `f1 f2 (1 + x)`, which are
+`s1 s2 + (y - 1) o1 o2` in `y = x^2` with `s = e + o`: two linear convolutions of half-length sequences, each done
+in an FFT of length N (zero-padded from N/2) instead of 2N. Each real pair is packed into one complex signal,
+`p = s1 + i s2` and `q = o1 + i o2`: `Im(p * p) = 2 (s1 * s2)` (`*` the linear convolution), so the merge is
+`Im(ifft(fft(p)^2 / 2 + w fft(q)^2))` with `w_k = (exp(-2 pi i k / N) - 1) / 2` (the shift by `y`, minus one, halved),
+minus the self pair. The backward is two correlations of the row gradient `g`: `corr(g, p)_u = sum_v g_{u+v} p_v` is
+`fft(ifft(g) fft(p))` and holds `(ds2, ds1)` as (real, imaginary) parts; the `q` one reads `g_{t+1} - g_t`, whose
+`ifft` is `2 w ifft(g)`. Even tokens get `ds`, odd ones `ds + dq`: the transforms of `ifft(g) fft(p)` and
+`ifft(g) (fft(p) + 2 w fft(q))`, then minus the self pair.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..kernels.constants import cached_constant
 
 
 def fft_length(length: int) -> int:
@@ -72,7 +81,7 @@ def rows_with_pairs(valid: Tensor | None, length: int, device: torch.device) -> 
     pairs are counted with the same pooling on the mask (no host sync).
     """
     if valid is None:
-        return (torch.arange(length, device=device) < length - 1)[None, :, None]
+        return _rows_below_last(length, device)
     m = valid[..., None].to(torch.float32)  # (B, N, 1)
     return central_token_merge(antidiagonal_sums(m, m), m, m) > 0.5
 
@@ -88,48 +97,73 @@ def pooled_cross_plain(f1: Tensor, f2: Tensor, valid: Tensor | None) -> Tensor:
     return merged * rows_with_pairs(valid, f1.shape[1], f1.device)
 
 
+@cached_constant
+def _rows_below_last(length: int, device: torch.device) -> Tensor:
+    """`(1, N, 1)` bool: every row but the last (the rows with a pair when nothing is padding)."""
+    return (torch.arange(length, device=device) < length - 1)[None, :, None]
+
+
+@cached_constant
+def _shift_minus_one(length: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """`(N, 1)` of complex `dtype`: `w_k = (exp(-2 pi i k / N) - 1) / 2`, the spectrum of a shift by one token minus
+    one, halved (built in fp64)."""
+    angle = torch.arange(length, device=device, dtype=torch.float64) * (-2.0 * math.pi / length)
+    return ((torch.polar(torch.ones_like(angle), angle) - 1.0) / 2.0).to(dtype).view(length, 1)
+
+
 class _PooledCross(torch.autograd.Function):
-    """[`pooled_cross_fused`]; `has_pairs` `(B, N, 1)` bool marks the rows with a real pair, `None` every row but the
-    last (no padding)."""
+    """[`pooled_cross_fused`]; `has_pairs` `(B or 1, N, 1)` bool marks the rows with a real pair."""
 
     @staticmethod
-    def forward(ctx, f1: Tensor, f2: Tensor, has_pairs: Tensor | None) -> Tensor:
-        B, N, D = f1.shape
-        n_fft = fft_length(N)
+    def forward(ctx, f1: Tensor, f2: Tensor, has_pairs: Tensor, out_dtype: torch.dtype) -> Tensor:
+        N = f1.shape[1]
         real = _fft_dtype(f1.dtype)
-        # Without padding, row N-1 (no pair) is left out and padded back as zeros; antidiagonal 2N-1 (no pair,
-        # round-off only) feeds only that row.
-        rows = N if has_pairs is not None else N - 1
         with torch.autocast(device_type=f1.device.type, enabled=False):
-            pair, z_hat = _packed_spectrum(f1, f2, real, n_fft)  # (B, N, D, 2) real, (B, n, D) complex
-            # Im(z * z) = 2 (f1 * f2): the mean of antidiagonals 2t and 2t+1 is their sum halved away.
-            conv2 = torch.view_as_real(torch.fft.ifft(z_hat * z_hat, dim=1))[:, : 2 * N, :, 1]  # (B, 2N, D)
-            merged = conv2.reshape(B, N, 2, D)[:, :rows].mean(2)
-            # Minus the self pair (t, t).
-            merged = torch.addcmul(merged, pair[:, :rows, :, 0], pair[:, :rows, :, 1], value=-1.0)
-            merged = F.pad(merged, (0, 0, 0, 1)) if has_pairs is None else merged * has_pairs
-        ctx.save_for_backward(f1, f2, has_pairs)
-        return merged
+            p_hat, q_hat = _half_spectra(f1, f2, real)  # (B, n, D) complex each
+            n = p_hat.shape[1]
+            # fft(q)^2 w + fft(p)^2 / 2, in place: no third (B, n, D) complex tensor.
+            spectrum = q_hat.mul_(q_hat).mul_(_shift_minus_one(n, q_hat.dtype, q_hat.device))
+            spectrum = spectrum.addcmul_(p_hat, p_hat, value=0.5)
+            pooled = torch.view_as_real(torch.fft.ifft(spectrum, dim=1))[:, :N, :, 1]  # (B, N, D)
+            # Minus the self pair (t, t) (the bf16 products are exact in fp32), then the rows without a pair are
+            # zeroed, written in the output dtype by the same op.
+            merged = torch.addcmul(pooled, f1, f2, value=-1.0)
+            out = torch.mul(merged, has_pairs, out=torch.empty(merged.shape, dtype=out_dtype, device=f1.device))
+        if has_pairs.shape[0] == 1:
+            # The cached mask of an unpadded input (`_rows_below_last`) is shared by every layer: not this call's.
+            ctx.has_pairs = has_pairs
+            ctx.save_for_backward(f1, f2)
+        else:
+            ctx.save_for_backward(f1, f2, has_pairs)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
-        f1, f2, has_pairs = ctx.saved_tensors
+        f1, f2, *padded = ctx.saved_tensors
+        has_pairs = padded[0] if padded else ctx.has_pairs
         B, N, D = f1.shape
-        n_fft = fft_length(N)
         real = _fft_dtype(f1.dtype)
-        rows = N if has_pairs is not None else N - 1
         with torch.autocast(device_type=f1.device.type, enabled=False):
-            grad = grad.to(real)[:, :rows] if has_pairs is None else grad.to(real) * has_pairs  # (B, rows, D)
-            # Antidiagonals 2t and 2t+1 each receive row t's gradient; those past 2 * rows are zero padding.
-            per_antidiagonal = grad[:, :, None, :].expand(B, rows, 2, D).reshape(B, 2 * rows, D)
-            pair, z_hat = _packed_spectrum(f1, f2, real, n_fft)
-            corr = torch.fft.fft(torch.fft.ifft(per_antidiagonal, n=n_fft, dim=1) * z_hat, dim=1)[:, :N]
-            parts = torch.view_as_real(corr)  # (B, N, D, 2): (df2, df1) before the self pair
-            # Minus the self pair, in place on the rows that have a gradient.
-            parts[:, :rows, :, 1].addcmul_(grad, pair[:, :rows, :, 1], value=-1.0)
-            parts[:, :rows, :, 0].addcmul_(grad, pair[:, :rows, :, 0], value=-1.0)
-        return parts[..., 1].to(f1.dtype), parts[..., 0].to(f2.dtype), None
+            # The rows without a pair have no gradient. The mask writes the gradient as complex in the same op, so
+            # that its inverse FFT is a complex one (that of a real tensor comes out conjugated, and each product
+            # with it then copies it first).
+            complex_grad = torch.empty(grad.shape, dtype=_complex_dtype(real), device=grad.device)
+            complex_grad = torch.mul(grad, has_pairs, out=complex_grad)  # (B, N, D)
+            grad = torch.view_as_real(complex_grad)[..., 0]
+            p_hat, q_hat = _half_spectra(f1, f2, real)
+            n = p_hat.shape[1]
+            grad_hat = torch.fft.ifft(complex_grad, n=n, dim=1)  # (B, n, D) complex
+            # Even tokens get ds, odd ones ds + 2 dq (the 2 of `ifft(g_{t+1} - g_t) = 2 w ifft(g)`): one transform
+            # each, of `ifft(g) fft(p)` and `ifft(g) (fft(p) + 2 w fft(q))`, as (df2, df1) in (real, imaginary) parts.
+            odd_hat = torch.addcmul(p_hat, _shift_minus_one(n, p_hat.dtype, p_hat.device), q_hat, value=2.0)
+            even = torch.view_as_real(torch.fft.fft(grad_hat * p_hat, dim=1)[:, : n // 2])  # (B, n/2, D, 2)
+            odd = torch.view_as_real(torch.fft.fft(odd_hat.mul_(grad_hat), dim=1)[:, : n // 2])
+            parts = torch.stack((even, odd), dim=2).view(B, n, D, 2)[:, :N]  # (B, N, D, 2)
+            # Minus the self pair, written in the inputs' dtype by the same op: (df1, df2) -= g (f2, f1).
+            grad_f1 = torch.addcmul(parts[..., 1], grad, f2, value=-1.0, out=torch.empty_like(f1))
+            grad_f2 = torch.addcmul(parts[..., 0], grad, f1, value=-1.0, out=torch.empty_like(f2))
+        return grad_f1, grad_f2, None, None
 
 
 def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -137,24 +171,40 @@ def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _packed_spectrum(f1: Tensor, f2: Tensor, real: torch.dtype, n_fft: int) -> tuple[Tensor, Tensor]:
-    """`(f1, f2)` stacked in the FFT's dtype `(B, N, D, 2)` and the spectrum of `f1 + i f2` along the sequence,
-    zero-padded to `n_fft`: `(B, n_fft, D)` complex."""
-    pair = torch.stack((f1, f2), dim=-1).to(real)
-    return pair, torch.fft.fft(torch.view_as_complex(pair), n=n_fft, dim=1)
+def _complex_dtype(real: torch.dtype) -> torch.dtype:
+    return torch.complex128 if real == torch.float64 else torch.complex64
 
 
-def pooled_cross_fused(f1: Tensor, f2: Tensor, valid: Tensor | None) -> Tensor:
-    """[`pooled_cross_plain`] with one complex FFT forward, two backward, and only `f1`, `f2` saved.
+def _half_spectra(f1: Tensor, f2: Tensor, real: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The length-`n` spectra of `p = s1 + i s2` and `q = o1 + i o2` along the sequence (`n` = N rounded up to even,
+    `s` / `o` the sums / odd tokens of each pair of tokens, zero-padded from n/2): `(B, n, D)` complex each."""
+    B, N, D = f1.shape
+    n = N + N % 2
+    # Zero-padded to 2n tokens first, so that the sums and odd tokens of each pair of tokens come out zero-padded
+    # to n rows (the transforms' length) by the ops that compute them.
+    pair = F.pad(torch.stack((f1, f2), dim=-1), (0, 0, 0, 0, 0, 2 * n - N))  # (B, 2n, D, 2)
+    grouped = pair.view(B, n, 2, D, 2)
+    p = grouped.sum(2, dtype=real)  # (B, n, D, 2): summed in the FFT's dtype, exact for bf16
+    q = grouped[:, :, 1].to(real, memory_format=torch.contiguous_format)
+    p_hat = torch.fft.fft(torch.view_as_complex(p), dim=1)
+    q_hat = torch.fft.fft(torch.view_as_complex(q), dim=1)
+    return p_hat, q_hat
+
+
+def pooled_cross_fused(f1: Tensor, f2: Tensor, valid: Tensor | None, out_dtype: torch.dtype | None = None) -> Tensor:
+    """[`pooled_cross_plain`] with transforms of length N (three forward, five backward), and only `f1`, `f2` saved.
 
     Args:
         f1, f2 (`torch.Tensor` of shape `(B, N, D)`): the feature maps (zeros at padded positions), of one dtype.
         valid (`torch.BoolTensor` of shape `(B, N)`, *optional*): real tokens (`None`: all real).
+        out_dtype (`torch.dtype`, *optional*): the output's dtype (rounded once, at the end); by default the FFT's.
 
     Returns:
-        `torch.Tensor` of shape `(B, N, D)` in fp32, or fp64 for fp64 inputs.
+        `torch.Tensor` of shape `(B, N, D)` in `out_dtype`, by default fp32, or fp64 for fp64 inputs.
     """
     if f1.shape != f2.shape or f1.dtype != f2.dtype:
         raise ValueError(f"f1 and f2 must share shape and dtype, got {tuple(f1.shape)} {f1.dtype}, "
                          f"{tuple(f2.shape)} {f2.dtype}")  # fmt: skip
-    return _PooledCross.apply(f1, f2, None if valid is None else rows_with_pairs(valid, f1.shape[1], f1.device))
+    length = f1.shape[1]
+    has_pairs = _rows_below_last(length, f1.device) if valid is None else rows_with_pairs(valid, length, f1.device)
+    return _PooledCross.apply(f1, f2, has_pairs, _fft_dtype(f1.dtype) if out_dtype is None else out_dtype)

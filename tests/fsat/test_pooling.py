@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnzoo.benchmarking.recorder import OpRecorder
 from attnzoo.fsat.pooling import pooled_cross_fused, pooled_cross_plain
 from attnzoo.fsat.recompute import linear_of_recomputed
 
@@ -79,6 +80,34 @@ def test_fused_pooled_cross_saves_only_the_feature_maps():
     assert saved_storages(lambda: pooled_cross_fused(f1, f2, None)) == [size, size]
     # The plain FFT keeps its spectra (each about twice the input, zero-padded to a power of two >= 2N).
     assert sum(saved_storages(lambda: pooled_cross_plain(f1, f2, None))) > 4 * size
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_fused_pooled_cross_rounds_once_to_the_requested_dtype(padded):
+    """`out_dtype` is the fp32 result rounded at the end, and its gradient is the fp32 result's with the incoming
+    gradient read as it comes."""
+    valid = padding(64) if padded else None
+    f1, f2 = (zero_padding(f.detach().bfloat16().requires_grad_(), valid) for f in feature_maps(64))
+    low = pooled_cross_fused(f1, f2, valid, out_dtype=torch.bfloat16)
+    full = pooled_cross_fused(f1, f2, valid)
+    assert low.dtype == torch.bfloat16 and torch.equal(low, full.to(torch.bfloat16))
+    probe = torch.randn(low.shape).bfloat16()
+    grads = torch.autograd.grad((low * probe).sum(), (f1, f2))
+    expected = torch.autograd.grad((full * probe.float()).sum(), (f1, f2))
+    for grad, want in zip(grads, expected, strict=True):
+        assert grad.dtype == torch.bfloat16 and torch.equal(grad, want)
+
+
+@pytest.mark.parametrize("length", [64, 63])
+def test_fused_pooled_cross_writes_nothing_larger_than_the_ffn_activation(length):
+    """In bf16, the largest tensor of the forward and backward is the size of a layer's FFN activation `(B, n, 4D)`
+    bf16 (`n` = N rounded up to even): the `(B, n, D)` complex spectra. A transform of length 2N writes twice that."""
+    f1, f2 = (f.detach().bfloat16().requires_grad_() for f in feature_maps(length))
+    recorder = OpRecorder()
+    with recorder:
+        pooled_cross_fused(f1, f2, None).sum().backward()
+    ffn_activation = B * (length + length % 2) * 4 * D * 2
+    assert recorder.total().largest_bytes == ffn_activation, recorder.total().largest_op
 
 
 def test_fused_pooled_cross_rejects_mismatched_feature_maps():

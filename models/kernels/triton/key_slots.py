@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..constants import cached_constant
 from .launch import block_d, check_dtypes, row_strides
 
 BLOCK_E = 16  # edges per chunk (rows hold about M + R + g of them)
@@ -388,6 +389,8 @@ class KeySlotAttentionTriton(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse)
         ctx.settings = settings
         ctx.mark_non_differentiable(pairs)
+        # No zero-filled gradient for `pairs` (an integer count) on the way back.
+        ctx.set_materialize_grads(False)
         return out, pairs
 
     @staticmethod
@@ -395,6 +398,8 @@ class KeySlotAttentionTriton(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _grad_pairs):
         q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse = ctx.saved_tensors
+        if grad_out is None:  # the output reached no loss
+            return (None,) * 11
         settings = ctx.settings
         B, H, N, D = q.shape
         S, G = query.shape[-1], settings.num_global
@@ -470,8 +475,13 @@ def query_major_order(query: Tensor) -> tuple[Tensor, Tensor]:
     if N * S >= 2**31:
         raise ValueError(f"key-slot attention indexes a head's N*S = {N * S} slots with int32: at most 2**31 - 1")
     queries, order = torch.sort(query.reshape(B * H, N * S), dim=-1, stable=True)
-    rows = torch.arange(N + 1, dtype=torch.int32, device=query.device).repeat(B * H, 1)
-    return order, torch.searchsorted(queries, rows, out_int32=True)
+    return order, torch.searchsorted(queries, _row_starts(B * H, N, query.device), out_int32=True)
+
+
+@cached_constant
+def _row_starts(heads: int, length: int, device: torch.device) -> Tensor:
+    """`(heads, N + 1)` int32: `0 .. N` per head, the query rows whose first slot the CSR pointers find."""
+    return torch.arange(length + 1, dtype=torch.int32, device=device).repeat(heads, 1)
 
 
 def key_slot_attention_triton(
