@@ -66,10 +66,10 @@ class Status:
 STATUS = {
     "a2former": Status(7, 16, 0, 0, 1.03, 1.00, 1.16),
     "fsat": Status(
-        48, 117, 0, 0, 1.45, 2.00, 3.21,
+        42, 110, 0, 0, 1.45, 1.00, 2.95,
         over_budget={
-            "ops": "+48 / +117 ops: the method's projections, the FFT cross and its casts, and their backward",
-            "largest": "complex64 (2N, 768) zero-padded FFT input: 2x the FFN activation",
+            "ops": "+42 / +110 ops: the method's feature maps, FFT cross and index predictor (24 forward), the "
+            "global query rows, the predictor's fp32 casts and the density (19), and their backward",
         },
     ),
     # Saved bytes follow the fastRG slots reserved from the layer's earlier calls (`EdgeBudget`), which under the
