@@ -23,10 +23,21 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-#: Ops that launch no kernel: allocations without a fill and metadata-only reshapes (views are recognised from their
-#: schema); `lift_fresh` wraps host data into a tensor and counts as a host-to-device copy instead ([`sync_kind`]).
+#: Ops that launch no kernel: allocations without a fill, metadata-only reshapes (views are recognised from their
+#: schema) and `promote_types` (dtype arithmetic on the host, which `torch.promote_types` routes through the
+#: dispatcher); `lift_fresh` wraps host data into a tensor and counts as a host-to-device copy instead ([`sync_kind`]).
 NO_KERNEL = frozenset(
-    {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_unsafe_view", "lift_fresh", "set_"}
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "_unsafe_view",
+        "lift_fresh",
+        "set_",
+        "promote_types",
+    }
 )
 #: Allocations whose memory is not initialised (a stubbed kernel zero-fills them when it receives them).
 UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})

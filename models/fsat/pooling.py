@@ -167,7 +167,7 @@ class _PooledCross(torch.autograd.Function):
 
 
 def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp64 stays fp64, everything else is transformed in fp32 (a plain branch: `torch.promote_types` is an op)."""
+    """fp64 stays fp64, everything else is transformed in fp32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
