@@ -6,7 +6,7 @@ import torch
 
 from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import append_global_slots
-from ..kernels import gathered_attention
+from ..kernels import dense_attention, gathered_attention
 from .configuration_smart_bird import SmartBirdConfig
 from .sampling import resolve_sampling_method, sample_keys
 
@@ -46,8 +46,11 @@ class SmartBirdAttention(ZooAttention):
         #: `(queries, keys)` of the sketch layer, each `(B, N, sketch_hidden_size)`, set by the encoder
         self.sketch: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def select(self, q: torch.Tensor, key_valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample each head's keys: `(idx, valid)` of shape `(B, H, N, min(K, N))`."""
+    def select(
+        self, q: torch.Tensor, key_valid: torch.Tensor | None, num_global: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample each head's keys, then append the `num_global` global keys (as a set, see
+        [`~attnzoo.core.global_tokens.append_global_slots`]): `(idx, valid)` of shape `(B, H, N, min(K, N) + g)`."""
         B, H, N, _ = q.shape
         sketch = self.sketch
         if sketch is None or sketch[0].shape[:2] != (B, N):
@@ -64,9 +67,9 @@ class SmartBirdAttention(ZooAttention):
                 # counters of example 0 under the layer's seed, so its keys depend neither on the rest of the batch
                 # nor on its padding, in one call for the whole batch (no per-example loop, no length sync).
                 seed = self.config.sampling_seed + self.layer_idx if seeded else None
-                return self._sample(sketch, key_valid, H, function, None, method, seed, per_example=not seeded)
+                return self._sample(sketch, key_valid, H, function, None, method, seed, not seeded, num_global)
             if not seeded:
-                return self._sample(sketch, key_valid, H, function, None, method)
+                return self._sample(sketch, key_valid, H, function, None, method, num_global=num_global)
             # Eval: every example draws from its own generator with the same seed, over its own length (up to its
             # last real token), so its keys depend neither on the rest of the batch nor on how far the batch pads it.
             idx = torch.zeros(B, H, N, min(self.config.num_samples, N), dtype=torch.long, device=q.device)
@@ -85,9 +88,13 @@ class SmartBirdAttention(ZooAttention):
                 )  # (1, H, length, min(K, length)); the padded rows past `length` attend to nothing
                 idx[b, :, :length, : part_idx.shape[-1]] = part_idx[0]
                 valid[b, :, :length, : part_idx.shape[-1]] = part_valid[0]
+            if num_global:
+                idx, valid = append_global_slots(idx, valid, key_valid, num_global, as_set=True)
             return idx, valid
 
-    def _sample(self, sketch, key_valid, num_heads, function, generator, method, seed=None, per_example=True):
+    def _sample(
+        self, sketch, key_valid, num_heads, function, generator, method, seed=None, per_example=True, num_global=0
+    ):
         return sample_keys(
             sketch[0].detach(),
             sketch[1].detach(),
@@ -100,6 +107,7 @@ class SmartBirdAttention(ZooAttention):
             seed=seed,
             per_example=per_example,
             backend=self.config.attention_backend,
+            num_global=num_global,
         )
 
     # A compiler boundary: the gathered kernel's custom autograd Function breaks dynamo's automatic-dynamic shapes
@@ -107,11 +115,8 @@ class SmartBirdAttention(ZooAttention):
     # layer) and the rest of the model is compiled.
     @torch.compiler.disable
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
-        idx, valid = self.select(q, key_valid)  # (B, H, N, K)
-        g = self.global_positions(k.shape[2])
-        if g:
-            # A sampled key that is also global is kept once (as the global slot), so the keys stay distinct.
-            idx, valid = append_global_slots(idx, valid, key_valid, g, as_set=True)  # (B, H, N, K + g)
+        # A sampled key that is also global is kept once (as the global slot), so the keys stay distinct.
+        idx, valid = self.select(q, key_valid, self.global_positions(k.shape[2]))  # (B, H, N, K + g)
         density = self._density(valid, key_valid)
         if output_attentions:
             # Valid keys are distinct per row; unused slots (valid False) may repeat one of them, so their writes are
@@ -127,12 +132,37 @@ class SmartBirdAttention(ZooAttention):
         )  # fmt: skip
         return AttentionOutput(hidden_states=out, density=density)
 
+    def with_global_rows(
+        self, out: AttentionOutput, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None
+    ) -> AttentionOutput:
+        """The global queries' rows by [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op
+        and its backward instead of a materialised fp32 softmax), spliced in token-major layout.
+
+        With returned weights, or attention dropout in training (the reference's dropout draws its mask from the
+        weights it materialises), the shared materialised rows of `ZooAttention` run instead.
+        """
+        g = self.global_positions(k.shape[2])
+        if g == 0 or out.attn_weights is not None or (self.training and self.dropout > 0.0):
+            return super().with_global_rows(out, q, k, v, key_valid)
+        mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
+        rows = dense_attention(q[:, :, :g], k, v, mask, scale=self.scaling, backend=self.config.attention_backend)
+        full = out.hidden_states  # (B, H, N, d)
+        head = rows.to(full.dtype)  # (B, H, g, d)
+        if key_valid is not None:
+            # A global position that is padding is no global query: its row stays the method's.
+            head = torch.where(key_valid[:, None, :g, None], head, full[:, :, :g])
+        # One write in token-major layout (B, N, H, d): the output projection then merges the heads as a view,
+        # where a head-major splice would be copied a second time to merge them.
+        merged = torch.cat([head.transpose(1, 2), full[:, :, g:].transpose(1, 2)], dim=1)
+        out.hidden_states = merged.transpose(1, 2)  # (B, H, N, d), a view
+        return out
+
     @staticmethod
     def _density(valid: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:
         """`(B, H)`: attended pairs over the example's valid (real query, real key) pairs."""
         N = valid.shape[2]
         if key_valid is None:
-            return valid.sum((2, 3)).float() / (N * N)
-        attended = (valid & key_valid[:, None, :, None]).sum((2, 3)).float()
-        pairs = (key_valid.sum(-1).float() ** 2).clamp(min=1.0)  # (B,)
+            return torch.sum(valid, (2, 3), dtype=torch.float32) / (N * N)  # counted in fp32: one reduction
+        attended = torch.sum(valid & key_valid[:, None, :, None], (2, 3), dtype=torch.float32)
+        pairs = torch.sum(key_valid, -1, dtype=torch.float32).square().clamp_(min=1.0)  # (B,)
         return attended / pairs[:, None]
