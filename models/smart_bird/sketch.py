@@ -34,7 +34,10 @@ SDPA_HEAD_ALIGNMENT = 8
 def _zeros(rows: int, like: torch.Tensor) -> torch.Tensor:
     """`(rows, *like.shape[1:])` zeros of `like`'s dtype and device, as a broadcast view of one cached element: the
     padding of a weight costs no kernel once the first call on that device made the element."""
-    return _zero_element(like.dtype, like.device).expand(rows, *like.shape[1:])
+    # A compiled graph folds the constant (and dynamo would trace past the cache anyway).
+    compiling = torch.compiler.is_compiling()
+    zero = like.new_zeros(()) if compiling else _zero_element(like.dtype, like.device)
+    return zero.expand(rows, *like.shape[1:])
 
 
 @functools.cache
