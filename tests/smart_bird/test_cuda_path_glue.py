@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnzoo.core.compat import enable_activation_checkpointing
 from attnzoo.core.global_tokens import append_global_slots
 from attnzoo.smart_bird import SmartBirdConfig, SmartBirdModel
 from attnzoo.smart_bird.sampling import sample_keys
@@ -120,7 +121,9 @@ def test_the_sketch_layer_equals_its_per_projection_computation(padded):
     assert_same_gradients(grads, expected_grads, rtol=1e-5, atol=1e-5, atol_of_largest=1e-6)
 
 
-def _model_run(backend: str, train: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _model_run(
+    backend: str, train: bool, checkpointing: dict | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     config = SmartBirdConfig(
         vocab_size=100, hidden_size=32, num_attention_heads=2, intermediate_size=64, num_hidden_layers=1,
@@ -128,6 +131,8 @@ def _model_run(backend: str, train: bool) -> tuple[torch.Tensor, dict[str, torch
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
     )  # fmt: skip
     model = SmartBirdModel(config).train(train)
+    if checkpointing is not None:
+        enable_activation_checkpointing(model, checkpointing)
     ids = torch.randint(5, 100, (3, 20), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, :4] = 0  # left padding: position 0 is no global query there
@@ -149,3 +154,14 @@ def test_the_triton_path_with_global_rows_equals_the_reference(train):
     assert bool(grads) == train
     if train:
         assert_same_gradients(grads, expected_grads, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_layer_checkpointing_re_runs_the_recomputed_splice_with_the_same_gradients(reentrant):
+    # The splice of the global rows is itself recomputed in backward, inside the layer's own recomputation.
+    out, grads = _model_run("fast", True)
+    again, checkpointed = _model_run("fast", True, checkpointing={"use_reentrant": reentrant})
+    torch.testing.assert_close(again, out)
+    assert checkpointed.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(checkpointed[name], grad, msg=name)
