@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import append_global_slots
-from ..kernels import gathered_attention
+from ..kernels import dense_attention, gathered_attention
 from .configuration_smart_bird import SmartBirdConfig
 from .sampling import resolve_sampling_method, sample_keys
 
@@ -15,6 +18,15 @@ def sampled_length(key_valid: torch.Tensor) -> int:
     """Length an example's keys are sampled over in eval: up to its last real token (`key_valid`: `(N,)` bool)."""
     real = key_valid.nonzero()
     return int(real[-1]) + 1 if real.numel() else 0
+
+
+@dataclass
+class GlobalRowsOutput(AttentionOutput):
+    """[`AttentionOutput`] whose `hidden_states` `(B, H, N, d)` still hold the method's rows of the global queries:
+    `global_head` `(B, H, g, d)` replaces them when the heads are merged and projected ([`SmartBirdAttention.finish`]).
+    """
+
+    global_head: torch.Tensor | None = None
 
 
 class SmartBirdAttention(ZooAttention):
@@ -46,8 +58,11 @@ class SmartBirdAttention(ZooAttention):
         #: `(queries, keys)` of the sketch layer, each `(B, N, sketch_hidden_size)`, set by the encoder
         self.sketch: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def select(self, q: torch.Tensor, key_valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample each head's keys: `(idx, valid)` of shape `(B, H, N, min(K, N))`."""
+    def select(
+        self, q: torch.Tensor, key_valid: torch.Tensor | None, num_global: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample each head's keys, then append the `num_global` global keys (as a set, see
+        [`~attnzoo.core.global_tokens.append_global_slots`]): `(idx, valid)` of shape `(B, H, N, min(K, N) + g)`."""
         B, H, N, _ = q.shape
         sketch = self.sketch
         if sketch is None or sketch[0].shape[:2] != (B, N):
@@ -64,9 +79,9 @@ class SmartBirdAttention(ZooAttention):
                 # counters of example 0 under the layer's seed, so its keys depend neither on the rest of the batch
                 # nor on its padding, in one call for the whole batch (no per-example loop, no length sync).
                 seed = self.config.sampling_seed + self.layer_idx if seeded else None
-                return self._sample(sketch, key_valid, H, function, None, method, seed, per_example=not seeded)
+                return self._sample(sketch, key_valid, H, function, None, method, seed, not seeded, num_global)
             if not seeded:
-                return self._sample(sketch, key_valid, H, function, None, method)
+                return self._sample(sketch, key_valid, H, function, None, method, num_global=num_global)
             # Eval: every example draws from its own generator with the same seed, over its own length (up to its
             # last real token), so its keys depend neither on the rest of the batch nor on how far the batch pads it.
             idx = torch.zeros(B, H, N, min(self.config.num_samples, N), dtype=torch.long, device=q.device)
@@ -85,9 +100,13 @@ class SmartBirdAttention(ZooAttention):
                 )  # (1, H, length, min(K, length)); the padded rows past `length` attend to nothing
                 idx[b, :, :length, : part_idx.shape[-1]] = part_idx[0]
                 valid[b, :, :length, : part_idx.shape[-1]] = part_valid[0]
+            if num_global:
+                idx, valid = append_global_slots(idx, valid, key_valid, num_global, as_set=True)
             return idx, valid
 
-    def _sample(self, sketch, key_valid, num_heads, function, generator, method, seed=None, per_example=True):
+    def _sample(
+        self, sketch, key_valid, num_heads, function, generator, method, seed=None, per_example=True, num_global=0
+    ):
         return sample_keys(
             sketch[0].detach(),
             sketch[1].detach(),
@@ -100,6 +119,7 @@ class SmartBirdAttention(ZooAttention):
             seed=seed,
             per_example=per_example,
             backend=self.config.attention_backend,
+            num_global=num_global,
         )
 
     # A compiler boundary: the gathered kernel's custom autograd Function breaks dynamo's automatic-dynamic shapes
@@ -107,11 +127,8 @@ class SmartBirdAttention(ZooAttention):
     # layer) and the rest of the model is compiled.
     @torch.compiler.disable
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
-        idx, valid = self.select(q, key_valid)  # (B, H, N, K)
-        g = self.global_positions(k.shape[2])
-        if g:
-            # A sampled key that is also global is kept once (as the global slot), so the keys stay distinct.
-            idx, valid = append_global_slots(idx, valid, key_valid, g, as_set=True)  # (B, H, N, K + g)
+        # A sampled key that is also global is kept once (as the global slot), so the keys stay distinct.
+        idx, valid = self.select(q, key_valid, self.global_positions(k.shape[2]))  # (B, H, N, K + g)
         density = self._density(valid, key_valid)
         if output_attentions:
             # Valid keys are distinct per row; unused slots (valid False) may repeat one of them, so their writes are
@@ -127,12 +144,60 @@ class SmartBirdAttention(ZooAttention):
         )  # fmt: skip
         return AttentionOutput(hidden_states=out, density=density)
 
+    def with_global_rows(
+        self, out: AttentionOutput, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None
+    ) -> AttentionOutput:
+        """The global queries' rows by [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op
+        and its backward instead of a materialised fp32 softmax), spliced in when the heads merge ([`finish`]).
+
+        With returned weights, or attention dropout in training (the reference's dropout draws its mask from the
+        weights it materialises), the shared materialised rows of `ZooAttention` run instead.
+        """
+        g = self.global_positions(k.shape[2])
+        if g == 0 or out.attn_weights is not None or (self.training and self.dropout > 0.0):
+            return super().with_global_rows(out, q, k, v, key_valid)
+        mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
+        rows = dense_attention(q[:, :, :g], k, v, mask, scale=self.scaling, backend=self.config.attention_backend)
+        full = out.hidden_states  # (B, H, N, d)
+        head = rows.to(full.dtype)  # (B, H, g, d)
+        if key_valid is not None:
+            # A global position that is padding is no global query: its row stays the method's.
+            head = torch.where(key_valid[:, None, :g, None], head, full[:, :, :g])
+        return GlobalRowsOutput(hidden_states=full, density=out.density, global_head=head)
+
+    def finish(self, out: AttentionOutput, hidden_states: torch.Tensor) -> AttentionOutput:
+        """Merge the heads, with the global rows of [`with_global_rows`] spliced in, and project them.
+
+        The spliced tensor is what the output projection would keep for its backward, a second copy of the attention
+        output next to the one the attention kernel keeps: it is recomputed in backward instead (one `cat`), so the
+        layer keeps what a dense layer keeps plus the sampled slots.
+        """
+        head = getattr(out, "global_head", None)
+        if head is None:
+            return super().finish(out, hidden_states)
+        out = AttentionOutput(hidden_states=out.hidden_states, density=out.density)
+        if torch.is_grad_enabled() and (out.hidden_states.requires_grad or head.requires_grad):
+            out.hidden_states = checkpoint(
+                self._splice_and_project, out.hidden_states, head, use_reentrant=False, preserve_rng_state=False
+            )  # no randomness inside: nothing to restore
+        else:
+            out.hidden_states = self._splice_and_project(out.hidden_states, head)
+        return out
+
+    def _splice_and_project(self, full: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """`o_proj` of the merged heads of `full` `(B, H, N, d)`, its first `g` rows from `head` `(B, H, g, d)`."""
+        B, H, N, d = full.shape
+        # One write in token-major layout (B, N, H, d), so the heads merge as a view, where a head-major splice
+        # would be copied a second time to merge them.
+        merged = torch.cat([head.transpose(1, 2), full[:, :, head.shape[2] :].transpose(1, 2)], dim=1)
+        return self.o_proj(merged.view(B, N, H * d))
+
     @staticmethod
     def _density(valid: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:
         """`(B, H)`: attended pairs over the example's valid (real query, real key) pairs."""
         N = valid.shape[2]
         if key_valid is None:
-            return valid.sum((2, 3)).float() / (N * N)
-        attended = (valid & key_valid[:, None, :, None]).sum((2, 3)).float()
-        pairs = (key_valid.sum(-1).float() ** 2).clamp(min=1.0)  # (B,)
+            return torch.sum(valid, (2, 3), dtype=torch.float32) / (N * N)  # counted in fp32: one reduction
+        attended = torch.sum(valid & key_valid[:, None, :, None], (2, 3), dtype=torch.float32)
+        pairs = torch.sum(key_valid, -1, dtype=torch.float32).square().clamp_(min=1.0)  # (B,)
         return attended / pairs[:, None]

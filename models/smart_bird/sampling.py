@@ -36,6 +36,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..core.global_tokens import append_global_slots
 from ..kernels.dispatch import attentive_sampler
 from .configuration_smart_bird import SAMPLING_METHODS
 from .counter_sampling import counter_sample_rows, example_lengths, proposal_budget
@@ -154,6 +155,7 @@ def sample_keys(
     seed: int | Tensor | None = None,
     per_example: bool = True,
     backend: str = "fast",
+    num_global: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Independent per-head attentive token sampling from single-head sketch queries and keys.
 
@@ -179,29 +181,36 @@ def sample_keys(
             (noise for every key from the torch generator, [`sample_keys_reference`] chunk by chunk), `"counter"`
             (counter noise per (example, head, query, key): the Triton kernel where `backend` runs Triton, else the
             literal sampler on that noise) or `"auto"` ([`resolve_sampling_method`]). The law is the same.
-        seed (`int` or `torch.LongTensor` of shape `(1,)`, *optional*): the counter sampler's seed; `None` draws one
-            from `generator` (a device tensor: no host synchronisation).
+        seed (`int` or `torch.LongTensor` of shape `(1,)`, *optional*): the counter sampler's seed (an `int` in
+            `[0, 2**63)`); `None` draws one from `generator` (a device tensor: no host synchronisation).
         per_example (`bool`, *optional*, defaults to `True`): counter sampler only: the example index is part of
             the counter; `False` gives every example the noise of example 0, so its keys depend on it alone.
         backend (`str`, *optional*, defaults to `"fast"`): the attention backend, which picks the counter sampler's
             implementation and the `"auto"` method.
+        num_global (`int`, *optional*, defaults to 0): the first `G` positions are global keys, appended to every
+            row after the sampled slots as [`~attnzoo.core.global_tokens.append_global_slots`] appends them (as a
+            set: a sampled global key is turned off in its sampled slot). The Triton sampler writes them itself.
 
     Returns:
-        `(idx, valid)`: `torch.LongTensor` and `torch.BoolTensor` of shape `(B, H, N, min(K, N))`. Slots without a
-        real key (fewer than K real keys) have `valid == False`.
+        `(idx, valid)`: `torch.LongTensor` and `torch.BoolTensor` of shape `(B, H, N, min(K, N) + num_global)`. Slots
+        without a real key (fewer than K real keys) have `valid == False`.
     """
     device = q_s.device
     method = resolve_sampling_method(method, device, backend)
     if method == "counter":
         if seed is None and noise is None and function != "topk":
             seed = torch.randint(_SEED_RANGE, (1,), device=device, generator=generator)
-        elif isinstance(seed, int):
-            seed = torch.full((1,), seed, dtype=torch.long, device=device)
         kernel = attentive_sampler(backend, device)
         if kernel is not None:
+            # The kernel takes an integer seed as an argument (no tensor built per call) and writes the global slots.
             kw = {"num_heads": num_heads, "num_samples": num_samples, "function": function, "noise": noise}
             budget = proposal_budget(min(num_samples, q_s.shape[1]))
-            return kernel(q_s, k_s, key_valid, seed=seed, num_proposals=budget, per_example=per_example, **kw)
+            return kernel(
+                q_s, k_s, key_valid, seed=seed, num_proposals=budget, per_example=per_example, num_global=num_global,
+                **kw,
+            )  # fmt: skip
+        if isinstance(seed, int):
+            seed = torch.full((1,), seed, dtype=torch.long, device=device)
     # fp32 sketch logits: the law depends on logit differences, and bf16 loses those below 1/256 of the logits.
     q_s, k_s = q_s.float(), k_s.float()
     B, N, _ = q_s.shape
@@ -239,6 +248,8 @@ def sample_keys(
             chunk_idx, chunk_valid = _sample_chunk_fast(z, function, H, K, M, generator, chunk_noise, chunk_elements)
         idx[:, :, start:stop] = chunk_idx
         valid[:, :, start:stop] = chunk_valid
+    if num_global:
+        idx, valid = append_global_slots(idx, valid, key_valid, num_global, as_set=True)
     return idx, valid
 
 

@@ -9,6 +9,7 @@ returned through the encoder output's `aux_loss`; sampling is not differentiable
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -28,6 +29,44 @@ SKETCH_TASKS = ("classification", "masked_lm", "seq2seq")
 #: SDPA's FlashAttention and memory-efficient kernels on CUDA take head sizes that are multiples of 8 (bf16, fp16);
 #: any other size falls back to the math kernel, which builds the whole (N, N) score matrix.
 SDPA_HEAD_ALIGNMENT = 8
+
+
+def _zeros(rows: int, like: torch.Tensor) -> torch.Tensor:
+    """`(rows, *like.shape[1:])` zeros of `like`'s dtype and device, as a broadcast view of one cached element: the
+    padding of a weight costs no kernel once the first call on that device made the element."""
+    # A compiled graph folds the constant (and dynamo would trace past the cache anyway).
+    compiling = torch.compiler.is_compiling()
+    zero = like.new_zeros(()) if compiling else _zero_element(like.dtype, like.device)
+    return zero.expand(rows, *like.shape[1:])
+
+
+@functools.cache
+def _zero_element(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=dtype, device=device)
+
+
+def aligned_projection(x: torch.Tensor, layers: tuple[nn.Linear, ...], pad: int) -> torch.Tensor:
+    """The outputs of `layers` (each `d -> d`) in one matrix product, each zero-padded by `pad` features.
+
+    The padded weight and bias are one `cat` each (the zeros are a broadcast view, see [`_zeros`]), so the layers
+    keep their parameters (names, shapes, checkpoints) and the head size SDPA needs comes out of the product itself
+    instead of three pads of q, k and v and their backward.
+
+    Args:
+        x (`torch.Tensor` of shape `(B, N, d_in)`): the inputs.
+        layers (`tuple[nn.Linear, ...]`): `P` linear layers `d_in -> d` with biases.
+        pad (`int`): zero features after each output.
+
+    Returns:
+        `torch.Tensor` of shape `(B, N, P, d + pad)`: its `[..., p, :d]` is `layers[p](x)`, its `[..., p, d:]` zeros.
+    """
+    weights, biases = [], []
+    for layer in layers:
+        weights += [layer.weight, _zeros(pad, layer.weight)]
+        biases += [layer.bias, _zeros(pad, layer.bias)]
+    d = layers[0].out_features
+    out = F.linear(x, torch.cat(weights), torch.cat(biases))  # (B, N, P (d + pad))
+    return out.view(*x.shape[:-1], len(layers), d + pad)
 
 
 def aligned_attention(
@@ -56,9 +95,10 @@ def aligned_attention(
 class SketchLayer(nn.Module):
     """Post-norm Transformer layer of width `sketch_hidden_size` with a single attention head.
 
-    Its own attention runs through SDPA (O(N) memory: its head size padded to a multiple of 8, see
-    [`aligned_attention`]); the layer also returns its queries and keys, from which the main layer's sampler
-    recomputes the sketch weights without gradient.
+    Its own attention runs through SDPA (O(N) memory: its head size padded to a multiple of 8, by the projection
+    itself, [`aligned_projection`], or with rotary positions after the rotation, [`aligned_attention`]); the layer
+    also returns its queries and keys, from which the main layer's sampler recomputes the sketch weights without
+    gradient (strided views of the projection's output: the sampler reads them as they are).
     """
 
     def __init__(self, config: SmartBirdConfig):
@@ -78,16 +118,26 @@ class SketchLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, key_valid: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, N, d)
-        if self.rotary:
-            # The returned q and k are the rotated ones: the sampler's sketch weights must be the sketch's own.
-            q, k = apply_rotary(q[:, None]).squeeze(1), apply_rotary(k[:, None]).squeeze(1)
+        B, N, d = x.shape
         mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
-        attn = aligned_attention(q[:, None], k[:, None], v[:, None], mask).squeeze(1)  # (B, N, d)
+        pad = -d % SDPA_HEAD_ALIGNMENT
+        if self.rotary:
+            # The returned q and k are the rotated ones: the sampler's sketch weights must be the sketch's own. The
+            # rotation pairs the real features, so the padding comes after it.
+            q, k, v = self.query(x), self.key(x), self.value(x)  # (B, N, d)
+            q, k = apply_rotary(q[:, None]).squeeze(1), apply_rotary(k[:, None]).squeeze(1)
+            attn = aligned_attention(q[:, None], k[:, None], v[:, None], mask)  # (B, 1, N, d)
+        else:
+            qkv = aligned_projection(x, (self.query, self.key, self.value), pad)  # (B, N, 3, d + pad)
+            # One unbind (its backward is one stack, where three selections would each zero-fill a full gradient)
+            q, k, v = qkv[:, None].unbind(3)  # (B, 1, N, d + pad) views, zeros past d
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d**-0.5)[..., :d]
+            q, k = q[:, 0, :, :d], k[:, 0, :, :d]  # (B, N, d)
         if key_valid is not None:
             # A sample without any real token has no valid key: make its rows zeros rather than backend-dependent.
-            attn = attn.masked_fill(~key_valid.any(-1)[:, None, None], 0.0)
-        x = self.attention_norm(x + self.output(attn))
+            attn = attn.masked_fill(~key_valid.any(-1)[:, None, None, None], 0.0)
+        # (B N, d): a strided view, which the output projection reads in one matrix product (no copy)
+        x = self.attention_norm(x + self.output(attn.reshape(B * N, d)).view(B, N, d))
         x = self.ffn_norm(x + self.ffn_output(self.act(self.intermediate(x))))
         return x, q, k
 
