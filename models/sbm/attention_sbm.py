@@ -28,10 +28,10 @@ from ..kernels import (
     unflatten_heads,
 )
 from ..kernels.csr import row_pointers
-from ..kernels.dispatch import resolve_backend
+from ..kernels.dispatch import fastrg_sampler, resolve_backend
 from .budget import EdgeBudget, reads_draw_counts
 from .configuration_sbm import SBMConfig
-from .fastrg import dropout_keep, fastrg_edges
+from .fastrg import FastRGKernels, dropout_keep, fastrg_edges
 from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern
 
 _SITES = ("encoder", "decoder", "cross_attention")
@@ -452,12 +452,14 @@ class SBMAttention(ZooAttention):
         reserve = None
         if not reads_draw_counts(kernel):
             reserve = functools.partial(self.edge_budget.reserve, pairs=B * H * n * m)
+        # The fused sampler where the edge attention runs the Triton kernels (the same graph as the torch one).
+        sampler = fastrg_sampler(cfg.attention_backend, device) if triton else None
         with torch.no_grad():
             structural = self.structural_ids(B, n, m, offset, query_valid, key_valid, device)
             graph = fastrg_edges(
                 q_memb.detach(), k_memb.detach(), blocks.detach(), delta=delta, query_valid=query_valid,
                 key_valid=key_valid, causal=self.is_causal, query_offset=offset, structural=structural,
-                generator=generator, reserve=reserve,
+                generator=generator, reserve=reserve, kernels=None if sampler is None else FastRGKernels(*sampler),
             )  # fmt: skip
         if reserve is not None:
             self.edge_budget.record(graph, B * H * n * m)
