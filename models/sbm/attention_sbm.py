@@ -490,7 +490,10 @@ class SBMAttention(ZooAttention):
         # A repeated draw of a pair is listed again after its first copy: weight 0.
         logit_bias = logit_bias.masked_fill(graph.duplicate, float("-inf"))
         owner = rows // n  # (b, h) of each edge; B * H on padding
-        counts = torch.zeros(B * H + 1, device=device).index_add(0, owner, ones * graph.sampled)[:-1].view(B, H)
+        # The sampled counts carry the regulariser's gradient to the edges; without a regulariser (its loss is
+        # detached) they need no autograd graph, which would keep the edges' owners for backward.
+        sampled = ones * graph.sampled if cfg.sparsity_weight > 0 else graph.sampled.float()
+        counts = torch.zeros(B * H + 1, device=device).index_add(0, owner, sampled)[:-1].view(B, H)
         attended_counts = torch.zeros(B * H + 1, device=device).index_add_(0, owner, graph.attended.float())
         attended_counts = attended_counts[:-1].view(B, H)
         dropout_p = self.dropout if self.training else 0.0
