@@ -31,7 +31,7 @@ from ..kernels.csr import row_pointers
 from ..kernels.dispatch import fastrg_sampler, resolve_backend
 from .budget import EdgeBudget, reads_draw_counts
 from .configuration_sbm import SBMConfig
-from .fastrg import FastRGKernels, dropout_keep, fastrg_edges
+from .fastrg import FastRGKernels, StructuralPairs, dropout_keep, fastrg_edges
 from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern
 
 _SITES = ("encoder", "decoder", "cross_attention")
@@ -227,34 +227,14 @@ class SBMAttention(ZooAttention):
         struct = struct[None, None] if allowed is None else struct & allowed
         return blocked.masked_fill_(struct, 0.0), sampled
 
-    def structural_ids(self, B: int, n: int, m: int, offset: int, allowed_q, key_valid, device) -> torch.Tensor | None:
-        """Linear pair ids `((b*H + h)*n + i)*m + j` of the structural edges (fastRG backend): the diagonals of
-        :meth:`structural_offsets` and the global columns, `(B, H, n, T)` with `-1` where a slot holds no edge (a
-        fixed size: no compaction on the device)."""
+    def structural_pairs(self, m: int) -> StructuralPairs | None:
+        """The structural edges of the fastRG backend (the diagonals of :meth:`structural_offsets` and the global
+        columns among `m` keys), `None` when there are none."""
         offsets = self.structural_offsets()
         g = self.global_positions(m)
         if not offsets and not g:
             return None
-        H = self.num_heads
-        i = torch.arange(n, device=device)[:, None]
-        # The offsets are one range: made on the device, not copied from the host.
-        diagonals = torch.arange(offsets[0], offsets[-1] + 1, device=device) if offsets else i.new_zeros(0)
-        j = i + offset + diagonals[None]  # (n, T)
-        if g:
-            # The global columns (a pair that is also on a diagonal is merged by the sampler's sort).
-            j = torch.cat([j, torch.arange(g, device=device)[None].expand(n, g)], dim=-1)  # (n, T + g)
-        ok = (j >= 0) & (j < m)
-        if self.is_causal:
-            ok &= j <= i + offset
-        ok = ok[None].expand(B, -1, -1)
-        jc = j.clamp(0, m - 1)
-        if key_valid is not None:
-            ok = ok & key_valid[:, jc]
-        if allowed_q is not None:
-            ok = ok & allowed_q[:, :, None]
-        bh = torch.arange(B * H, device=device).view(B, H, 1, 1)
-        ids = (bh * n + i[None, None]) * m + jc[None, None]  # (B, H, n, T)
-        return torch.where(ok[:, None], ids, -1)
+        return StructuralPairs(first=offsets[0] if offsets else 0, diagonals=len(offsets), columns=g)
 
     def fixed_backend(self, sampling: bool) -> str | None:
         """The sampling backend of this call when the memberships do not decide it (`None`: "auto" decides)."""
@@ -455,7 +435,7 @@ class SBMAttention(ZooAttention):
         # The fused sampler where the edge attention runs the Triton kernels (the same graph as the torch one).
         sampler = fastrg_sampler(cfg.attention_backend, device) if triton else None
         with torch.no_grad():
-            structural = self.structural_ids(B, n, m, offset, query_valid, key_valid, device)
+            structural = self.structural_pairs(m)
             graph = fastrg_edges(
                 q_memb.detach(), k_memb.detach(), blocks.detach(), delta=delta, query_valid=query_valid,
                 key_valid=key_valid, causal=self.is_causal, query_offset=offset, structural=structural,

@@ -253,6 +253,57 @@ def fastrg_multigraph(
     return row // n, row % n, key
 
 
+@dataclass(frozen=True)
+class StructuralPairs:
+    """Pairs attended without sampling (self loops, the sliding window, global columns): query `i` and key `j` on a
+    diagonal `j - i - query_offset` in `[first, first + diagonals)`, and every key `j < columns`; only real pairs
+    (inside the sequence, real positions, no future key in causal attention).
+
+    Attributes:
+        first (`int`): the first diagonal.
+        diagonals (`int`): the number of diagonals.
+        columns (`int`): the number of global columns.
+    """
+
+    first: int
+    diagonals: int
+    columns: int
+
+
+def structural_pair_ids(
+    pairs: StructuralPairs,
+    shape: tuple[int, int, int, int],
+    query_offset: int,
+    causal: bool,
+    query_valid: Tensor | None,
+    key_valid: Tensor | None,
+    device: torch.device,
+) -> Tensor:
+    """Linear pair ids `((b*H + h)*n + i)*m + j` of the structural pairs, `(B, H, n, T)` (`T` = diagonals +
+    columns) with `-1` where a slot holds no pair (a fixed size: no compaction on the device). The Triton sampler
+    computes the same ids in its kernel."""
+    B, H, n, m = shape
+    i = torch.arange(n, device=device)[:, None]
+    # The diagonals are one range: made on the device, not copied from the host.
+    diagonals = torch.arange(pairs.first, pairs.first + pairs.diagonals, device=device)
+    j = i + query_offset + diagonals[None]  # (n, D)
+    if pairs.columns:
+        # The global columns (a pair that is also on a diagonal is merged by the sampler's sort).
+        j = torch.cat([j, torch.arange(pairs.columns, device=device)[None].expand(n, -1)], dim=-1)  # (n, T)
+    ok = (j >= 0) & (j < m)
+    if causal:
+        ok &= j <= i + query_offset
+    ok = ok[None].expand(B, -1, -1)
+    jc = j.clamp(0, m - 1)
+    if key_valid is not None:
+        ok = ok & key_valid[:, jc]
+    if query_valid is not None:
+        ok = ok & query_valid[:, :, None]
+    bh = torch.arange(B * H, device=device).view(B, H, 1, 1)
+    ids = (bh * n + i[None, None]) * m + jc[None, None]  # (B, H, n, T)
+    return torch.where(ok[:, None], ids, -1)
+
+
 @dataclass
 class PairIdRequest:
     """One call's draws, as the two implementations of the pair ids take them.
@@ -263,7 +314,8 @@ class PairIdRequest:
         fastrg_slots / exploration_slots (`int`): slots of each kind.
         query_valid / key_valid (`torch.BoolTensor`, *optional*): real positions.
         causal (`bool`), query_offset (`int`): causal thinning.
-        structural (`torch.LongTensor`, *optional*): structural pair ids, `-1` for none.
+        structural ([`StructuralPairs`] or `torch.LongTensor`, *optional*): the structural pairs, or their ids
+            (`-1` for none).
         sentinel (`int`), dtype (`torch.dtype`): the empty slots' id and the ids' dtype.
     """
 
@@ -275,7 +327,7 @@ class PairIdRequest:
     key_valid: Tensor | None
     causal: bool
     query_offset: int
-    structural: Tensor | None
+    structural: StructuralPairs | Tensor | None
     sentinel: int
     dtype: torch.dtype
 
@@ -296,9 +348,16 @@ def pair_ids(inputs: SamplerInputs, request: PairIdRequest) -> Tensor:
     if r.causal:
         live &= key <= row % n + r.query_offset
     ids = row.mul_(m).add_(key)  # pair id ((b*H + h)*n + i)*m + j
-    if r.structural is not None:
-        ids = torch.cat([ids, r.structural.reshape(-1)])
-        live = torch.cat([live, r.structural.reshape(-1) >= 0])
+    structural = r.structural
+    if isinstance(structural, StructuralPairs):
+        B, H = inputs.rates.shape
+        shape = (B, H, n, m)
+        structural = structural_pair_ids(
+            structural, shape, r.query_offset, r.causal, r.query_valid, r.key_valid, ids.device
+        )
+    if structural is not None:
+        ids = torch.cat([ids, structural.reshape(-1)])
+        live = torch.cat([live, structural.reshape(-1) >= 0])
     return torch.where(live, ids, r.sentinel).to(r.dtype)
 
 
@@ -337,7 +396,7 @@ def fastrg_edges(
     key_valid: Tensor | None,
     causal: bool,
     query_offset: int,
-    structural: Tensor | None,
+    structural: StructuralPairs | Tensor | None,
     generator: torch.Generator | None,
     reserve: Callable[[Tensor], int] | None = None,
     kernels: FastRGKernels | None = None,
@@ -353,8 +412,9 @@ def fastrg_edges(
         delta (`float`): exploration rate `δ` per pair.
         query_valid / key_valid (`torch.BoolTensor` of shape `(B, n)` / `(B, m)`, *optional*): real positions.
         causal (`bool`): drop draws of future keys; query `i` sits at key position `i + query_offset`.
-        structural (`torch.LongTensor`, *optional*): linear pair ids `((b*H + h)*n + i)*m + j` always attended
-            (self loops, window, global columns), `-1` for none; they carry no probability gradient.
+        structural ([`StructuralPairs`] or `torch.LongTensor`, *optional*): pairs always attended (self loops,
+            window, global columns), or their linear pair ids `((b*H + h)*n + i)*m + j` (`-1` for none); they carry
+            no probability gradient.
         generator (`torch.Generator`, *optional*): RNG (eval); the global RNG when `None` (training).
         reserve (`callable`, *optional*): given the expected number of fastRG draws (a device scalar), the number of
             slots to reserve for them, which the host must know without reading the device (see

@@ -14,7 +14,7 @@ import torch
 import attnzoo.sbm.fastrg as fastrg
 import attnzoo.sbm.sampling as sampling
 from attnzoo.kernels.dispatch import fastrg_sampler
-from attnzoo.sbm.fastrg import FastRGKernels, edges_from_sorted_ids, fastrg_edges
+from attnzoo.sbm.fastrg import FastRGKernels, StructuralPairs, edges_from_sorted_ids, fastrg_edges
 
 pytest.importorskip("triton")
 import attnzoo.kernels.triton.fastrg as kernel  # noqa: E402  (after the importorskip)
@@ -54,12 +54,17 @@ def _memberships(device: str, seed: int = 0):
     return [t.to(device) for t in (q_memb, k_memb, blocks, query_valid, key_valid, structural)]
 
 
-def _graphs(device: str, *, padded: bool, causal: bool, structural: bool, reserve, seed: int = 5):
+#: a window of three diagonals around `j = i + query_offset + 1` and two global columns
+WINDOW = StructuralPairs(first=0, diagonals=3, columns=2)
+
+
+def _graphs(device: str, *, padded: bool, causal: bool, structural: str | None, reserve, seed: int = 5):
+    """The reference's and the fused sampler's graphs; `structural`: `"ids"` (given), `"pairs"` ([`WINDOW`])."""
     q_memb, k_memb, blocks, query_valid, key_valid, struct = _memberships(device)
     kwargs = {
         "delta": 0.05, "query_valid": query_valid if padded else None, "key_valid": key_valid if padded else None,
-        "causal": causal, "query_offset": 3 if causal else 0, "structural": struct if structural else None,
-        "reserve": reserve,
+        "causal": causal, "query_offset": 3 if causal else 0,
+        "structural": {"ids": struct, "pairs": WINDOW, None: None}[structural], "reserve": reserve,
     }  # fmt: skip
     kernels = FastRGKernels(*fastrg_sampler("triton", torch.device(device)))
     return [
@@ -82,8 +87,14 @@ def test_the_hash_and_quantisation_constants_are_the_reference_samplers():
 
 @pytest.mark.parametrize(
     "padded,causal,structural",
-    [(False, False, False), (True, False, True), (True, True, True), (False, True, False)],
-    ids=["plain", "padded-structural", "padded-causal-structural", "causal"],
+    [
+        (False, False, None),
+        (True, False, "ids"),
+        (True, True, "pairs"),
+        (False, True, "pairs"),
+        (True, False, "pairs"),
+    ],
+    ids=["plain", "padded-given-ids", "padded-causal-window", "causal-window", "padded-window"],
 )
 def test_the_fused_sampler_draws_the_reference_graph(device, padded, causal, structural):
     # 150 fastRG slots: fewer than the draws (about 1500), so the drop of the draws past them is compared too.
@@ -95,11 +106,11 @@ def test_the_fused_sampler_draws_the_reference_graph(device, padded, causal, str
 
 
 def test_the_fused_sampler_with_every_draw_in_a_slot_and_int64_ids(device, monkeypatch):
-    reference, fused = _graphs(device, padded=True, causal=False, structural=True, reserve=lambda e: 4000)
+    reference, fused = _graphs(device, padded=True, causal=False, structural="ids", reserve=lambda e: 4000)
     assert int(reference.drawn) < reference.slots
     _assert_same_graph(reference, fused)
     monkeypatch.setattr(fastrg, "_INT32_PAIRS", 0)
-    wide = _graphs(device, padded=True, causal=False, structural=True, reserve=lambda e: 4000)
+    wide = _graphs(device, padded=True, causal=False, structural="ids", reserve=lambda e: 4000)
     assert wide[0].rows.dtype == torch.int64
     _assert_same_graph(*wide)
     _assert_same_graph(reference, wide[1])  # the ids' width changes nothing

@@ -136,9 +136,10 @@ def _draw(TABLE, row, length, bits31, mask, STEPS: tl.constexpr):
 
 @triton.jit
 def _draw_pair_ids(
-    SEED, ENDS, ROW_CUM, CLUSTER_CUM, KEY_CUM, QV_CUM, KV_CUM, STRUCT, OUT,
+    SEED, ENDS, ROW_CUM, CLUSTER_CUM, KEY_CUM, QV_CUM, KV_CUM, QUERY_VALID, KEY_VALID, STRUCT, OUT,
     num_fastrg, num_exploration, num_struct, num_heads_flat, heads, n, k, m, query_offset, sentinel,
-    HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, CAUSAL: tl.constexpr,
+    first_diagonal, num_diagonals, num_columns,
+    HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, CAUSAL: tl.constexpr, GIVEN: tl.constexpr,
     STEPS_BH: tl.constexpr, STEPS_N: tl.constexpr, STEPS_K: tl.constexpr, STEPS_M: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -171,11 +172,30 @@ def _draw_pair_ids(
     if CAUSAL:
         live &= j <= i + query_offset
     ids = (bh * n + i) * m + j
-    # structural pairs (self loops, window, global columns): given, -1 for none
+    # structural pairs (self loops, window, global columns), in the reference's (B, H, n, T) order
     struct = in_range & ~(fast | explore)
-    given = tl.load(STRUCT + (slot - drawn), mask=struct, other=-1).to(tl.int64)
-    ids = tl.where(struct, given, ids)
-    live |= struct & (given >= 0)
+    place = slot - drawn
+    if GIVEN:  # their ids, -1 for none
+        pair = tl.load(STRUCT + place, mask=struct, other=-1).to(tl.int64)
+        real = pair >= 0
+    else:  # diagonals j - i - query_offset in [first, first + D), then the first C keys
+        width = num_diagonals + num_columns
+        t = place % width
+        query_row = place // width  # (b*H + h)*n + i
+        i_struct = query_row % n
+        b_struct = query_row // (n * heads)
+        j_struct = tl.where(t < num_diagonals, i_struct + query_offset + first_diagonal + t, t - num_diagonals)
+        real = (j_struct >= 0) & (j_struct < m)
+        if CAUSAL:
+            real &= j_struct <= i_struct + query_offset
+        j_struct = tl.minimum(tl.maximum(j_struct, 0), m - 1)
+        if HAS_KV:
+            real &= tl.load(KEY_VALID + b_struct * m + j_struct, mask=struct, other=0) != 0
+        if HAS_QV:
+            real &= tl.load(QUERY_VALID + b_struct * n + i_struct, mask=struct, other=0) != 0
+        pair = query_row * m + j_struct
+    ids = tl.where(struct, pair, ids)
+    live |= struct & real
     tl.store(OUT + slot, tl.where(live, ids, sentinel).to(OUT.dtype.element_ty), mask=in_range)
 
 
@@ -223,7 +243,7 @@ def fastrg_pair_ids_triton(
     key_counts: Tensor | None,
     causal: bool,
     query_offset: int,
-    structural: Tensor | None,
+    structural: object | None,
     sentinel: int,
     dtype: torch.dtype,
 ) -> Tensor:
@@ -242,12 +262,14 @@ def fastrg_pair_ids_triton(
         query_counts / key_counts (`torch.Tensor` of shape `(B, 1)`, *optional*): their numbers (with the masks).
         causal (`bool`): drop draws of a key past `i + query_offset`.
         query_offset (`int`): key position of query 0.
-        structural (`torch.LongTensor`, *optional*): structural pair ids, `-1` for none (appended after the draws).
+        structural (*optional*): the structural pairs, appended after the draws: their ids (a `torch.LongTensor`,
+            `-1` for none), or their description (`first`, `diagonals`, `columns` attributes, as
+            `attnzoo.sbm.fastrg.StructuralPairs`: the kernel computes the ids of its `(B, H, n, T)` slots).
         sentinel (`int`): the id of an empty slot (the largest of `dtype`).
         dtype (`torch.dtype`): `torch.int32` or `torch.int64`, the ids' dtype.
 
     Returns:
-        `torch.Tensor` of shape `(fastrg_slots + exploration_slots + structural.numel(),)` in `dtype`.
+        `torch.Tensor` of shape `(fastrg_slots + exploration_slots + S,)` in `dtype`, `S` the structural slots.
     """
     B, H, n, k = weights.shape
     m = k_memb.shape[2]
@@ -270,15 +292,22 @@ def fastrg_pair_ids_triton(
         HAS_QV=has_qv, HAS_KV=has_kv, BLOCK=min(BLOCK_TABLE, triton.next_power_of_2(max(n, m, k))),
     )  # fmt: skip
     ends = counts.cumsum(1)  # (2, BH)
-    num_struct = 0 if structural is None else structural.numel()
-    struct = ends if structural is None else structural.reshape(-1)
+    # no structural pairs: none given (no width of 0 to divide by)
+    given = structural is None or isinstance(structural, Tensor)
+    if given:
+        num_struct, diagonal_range = 0 if structural is None else structural.numel(), (0, 0, 0)
+    else:
+        diagonal_range = (structural.first, structural.diagonals, structural.columns)
+        num_struct = bh * n * (structural.diagonals + structural.columns)
+    struct = ends if structural is None or not given else structural.reshape(-1)  # a placeholder when not read
     total = fastrg_slots + exploration_slots + num_struct
     out = torch.empty(total, dtype=dtype, device=device)
     if total > 0:
         _draw_pair_ids[(triton.cdiv(total, BLOCK_SLOTS),)](
-            seed, ends, row_cum, cluster_cum, key_cum, qv_cum, kv_cum, struct, out,
-            fastrg_slots, exploration_slots, num_struct, bh, H, n, k, m, query_offset, sentinel,
-            HAS_QV=has_qv, HAS_KV=has_kv, CAUSAL=causal,
+            seed, ends, row_cum, cluster_cum, key_cum, qv_cum, kv_cum,
+            query_valid if has_qv else row_cum, key_valid if has_kv else row_cum, struct, out,
+            fastrg_slots, exploration_slots, num_struct, bh, H, n, k, m, query_offset, sentinel, *diagonal_range,
+            HAS_QV=has_qv, HAS_KV=has_kv, CAUSAL=causal, GIVEN=given,
             STEPS_BH=_steps(bh), STEPS_N=_steps(n), STEPS_K=_steps(k), STEPS_M=_steps(m), BLOCK=BLOCK_SLOTS,
         )  # fmt: skip
     return out
