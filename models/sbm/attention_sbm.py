@@ -37,6 +37,13 @@ from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern
 _SITES = ("encoder", "decoder", "cross_attention")
 
 
+def total_pairs(pairs: torch.Tensor | float, batch: int) -> torch.Tensor | float:
+    """All sequences' pairs ([`SBMAttention.count_pairs`]), at least 1."""
+    if isinstance(pairs, torch.Tensor):
+        return pairs.sum().clamp(min=1.0)
+    return max(batch * pairs, 1.0)
+
+
 class HeadwiseMLP(nn.Module):
     """Two-layer ReLU MLP with separate weights per head, applied to `(B, H, N, d)` tensors."""
 
@@ -159,8 +166,15 @@ class SBMAttention(ZooAttention):
         m: int,
         offset: int,
         device,
-    ) -> torch.Tensor:
-        """Number of pairs that may carry an edge per sequence, `(B,)` float, without building an `n × m` mask."""
+    ) -> torch.Tensor | float:
+        """Number of pairs that may carry an edge per sequence, `(B,)` float, without building an `n × m` mask; a
+        Python float (the same for every sequence) when there is no padding: it costs the device nothing then."""
+        if key_valid is None and query_valid is None:
+            if not self.is_causal:
+                return float(n * m)
+            # Query i sees min(i + offset + 1, m) keys: the first t of them fewer than m.
+            t = min(n, max(m - offset - 1, 0))
+            return float(t * (offset + 1) + t * (t - 1) // 2 + (n - t) * m)
         keys = torch.ones(B, m, device=device) if key_valid is None else key_valid.float()
         queries = torch.ones(B, n, device=device) if query_valid is None else query_valid.float()
         if not self.is_causal:
@@ -246,15 +260,15 @@ class SBMAttention(ZooAttention):
         backend = self.config.sampling_backend
         return None if backend == "auto" else backend
 
-    def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor, sampling: bool) -> str:
+    def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor | float, sampling: bool) -> str:
         backend = self.fixed_backend(sampling)
         if backend is not None:
             return backend
         with torch.no_grad():
             # Σ_ij p_ij = Σ_uv y_u Ŝ_uv z_v: the expected edge count without touching the n × m pairs.
             expected = torch.einsum("bhu,huv,bhv->", q_memb.sum(2), blocks, k_memb.sum(2))
-            total = pairs.sum() * self.num_heads
-            density = float((expected + delta * total) / total.clamp(min=1))
+            total = total_pairs(pairs, q_memb.shape[0]) * self.num_heads
+            density = float((expected + delta * total) / total)
         return "fastrg" if density < self.config.auto_density_threshold else "bernoulli"
 
     @property
@@ -338,10 +352,10 @@ class SBMAttention(ZooAttention):
         else:
             out, weights, counts, attended_counts = self._attend_fastrg(q, k, v, *graph, output_attentions)
 
-        total_pairs = pairs.sum().clamp(min=1.0)
+        total = total_pairs(pairs, B)
         # Regulariser on the sampled edges through the straight-through counts: λ times this layer's mean density,
         # divided by the depth of the stack so that the model's total is λ times the mean over layers.
-        aux_loss = (counts.sum(0) / total_pairs).mean() * (cfg.sparsity_weight / self.num_site_layers)
+        aux_loss = (counts.sum(0) / total).mean() * (cfg.sparsity_weight / self.num_site_layers)
         if cfg.sparsity_weight == 0:
             # Keeps the loss graph (and the STE backward) free of a regulariser that contributes nothing.
             aux_loss = aux_loss.detach()
@@ -349,7 +363,8 @@ class SBMAttention(ZooAttention):
             # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
             # expanded along dim 0 by beam search).
             aux_loss = None
-        density = (attended_counts / pairs.clamp(min=1.0)[:, None]).detach()  # (B, H), per example
+        sequence_pairs = pairs.clamp(min=1.0)[:, None] if isinstance(pairs, torch.Tensor) else max(pairs, 1.0)
+        density = (attended_counts / sequence_pairs).detach()  # (B, H), per example
         return AttentionOutput(hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density)
 
     def _attend_dense_graph(
@@ -472,10 +487,13 @@ class SBMAttention(ZooAttention):
         owner = rows // n  # (b, h) of each edge; B * H on padding
         # The sampled counts carry the regulariser's gradient to the edges; without a regulariser (its loss is
         # detached) they need no autograd graph, which would keep the edges' owners for backward.
-        sampled = ones * graph.sampled if cfg.sparsity_weight > 0 else graph.sampled.float()
-        counts = torch.zeros(B * H + 1, device=device).index_add(0, owner, sampled)[:-1].view(B, H)
-        attended_counts = torch.zeros(B * H + 1, device=device).index_add_(0, owner, graph.attended.float())
-        attended_counts = attended_counts[:-1].view(B, H)
+        if cfg.sparsity_weight > 0:
+            flags = torch.stack([ones * graph.sampled, graph.attended.float()], -1)  # (E, 2)
+        else:
+            flags = torch.stack([graph.sampled, graph.attended], -1).float()
+        # sampled and attended edges per (b, h), one pass for both
+        per_head = torch.zeros(B * H + 1, 2, device=device).index_add(0, owner, flags)[:-1]
+        counts, attended_counts = per_head[:, 0].view(B, H), per_head[:, 1].view(B, H)
         dropout_p = self.dropout if self.training else 0.0
         if output_attentions:
             # The dense weights of the real edges (a debugging path: compaction is fine here).

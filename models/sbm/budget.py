@@ -10,9 +10,6 @@ from torch import Tensor
 
 from .fastrg import FastRGGraph, poisson_slots
 
-#: resolution of the expected draw count on its way to the host (it travels in an int64 beside the drawn count)
-_EXPECTED_SCALE = 1024
-
 
 def reads_draw_counts(kernel: str) -> bool:
     """Whether the fastRG sampler reads its draw count from the device to size the edge list exactly, given the
@@ -75,9 +72,9 @@ class EdgeBudget:
 
     def record(self, graph: FastRGGraph, pairs: int) -> None:
         """Send a call's expected and drawn counts to the host, without waiting for them."""
-        counts = torch.stack([(graph.expected * _EXPECTED_SCALE).to(torch.int64), graph.drawn])
+        counts = graph.totals[0]  # expected and drawn fastRG draws (fp64: the draws are exact integers)
         if counts.device.type == "cuda":
-            host = torch.empty(2, dtype=torch.int64, pin_memory=True)
+            host = torch.empty(2, dtype=counts.dtype, pin_memory=True)
             host.copy_(counts, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
@@ -94,7 +91,8 @@ class EdgeBudget:
             return
         self._pending = None
         expected, drawn = host.tolist()
-        rate = expected / _EXPECTED_SCALE / max(pairs, 1)
+        drawn = int(drawn)
+        rate = expected / max(pairs, 1)
         self.rate = rate if self.rate is None else max(rate, self.rate * self.decay)
         if drawn > slots:
             warnings.warn(

@@ -57,8 +57,8 @@ class FastRGGraph:
         duplicate (`torch.BoolTensor` of shape `(E,)`): a later copy of a pair (attends with weight 0).
         attended (`torch.BoolTensor` of shape `(E,)`): the first copy of a pair (not padding, not a duplicate).
         num_rows (`int`): number of query rows `B * H * n` (the row index of padding).
-        expected (`torch.Tensor` of shape `()`): expected number of fastRG draws (exploration excluded).
-        drawn (`torch.LongTensor` of shape `()`): fastRG draws made; more than `slots` means some were dropped.
+        totals (`torch.DoubleTensor` of shape `(2, 2)`): the expected and the drawn numbers of fastRG draws, then
+            of exploration draws (more fastRG draws than `slots` means some were dropped).
         slots (`int`): slots reserved for the fastRG draws.
         seed (`torch.LongTensor` of shape `()`): the hash seed of the call (also [`dropout_keep`]'s).
     """
@@ -69,10 +69,19 @@ class FastRGGraph:
     duplicate: Tensor
     attended: Tensor
     num_rows: int
-    expected: Tensor
-    drawn: Tensor
+    totals: Tensor
     slots: int
     seed: Tensor
+
+    @property
+    def expected(self) -> Tensor:
+        """The expected number of fastRG draws (exploration excluded), a `()` tensor."""
+        return self.totals[0, 0]
+
+    @property
+    def drawn(self) -> Tensor:
+        """The number of fastRG draws made, a `()` tensor (float64, an exact integer)."""
+        return self.totals[0, 1]
 
 
 def poisson_slots(mean: float) -> int:
@@ -183,15 +192,23 @@ def fastrg_weights(q_memb: Tensor, k_memb: Tensor, blocks: Tensor) -> Tensor:
 def _draw_totals(
     inputs: SamplerInputs, delta: float, n: int, m: int, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
-    """Poisson numbers of fastRG and of exploration draws of every head, `(2, B*H)` int64, and the expected number
-    of fastRG draws (a `()` tensor). Exploration draws Poisson(`δ`) times each pair of real positions."""
+    """Poisson numbers of fastRG and of exploration draws of every head, `(2, B*H)` int64, and the totals over the
+    heads, `(2, 2)` float64: the expected and the drawn numbers of fastRG draws, then of exploration draws.
+    Exploration draws Poisson(`δ`) times each pair of real positions."""
     rates = inputs.rates  # (B, H)
-    queries = n if inputs.query_counts is None else inputs.query_counts  # (B, 1)
-    keys = m if inputs.key_counts is None else inputs.key_counts
-    explore = (delta * queries * keys) * torch.ones_like(rates)  # (B, H)
+    if inputs.query_counts is None and inputs.key_counts is None:
+        explore = torch.full_like(rates, delta * n * m)
+    else:
+        queries = n if inputs.query_counts is None else inputs.query_counts  # (B, 1)
+        keys = m if inputs.key_counts is None else inputs.key_counts
+        explore = (delta * queries * keys).expand_as(rates)  # (B, H)
     # Two numbers per head: fp64 keeps counts above 2^24 exact (fp32 Poisson draws of such means are rounded).
-    counts = torch.poisson(torch.stack([rates, explore]).double(), generator=generator).to(torch.int64)
-    return counts.view(2, -1), rates.sum()
+    means = torch.stack([rates, explore]).double()  # (2, B, H)
+    counts = torch.poisson(means, generator=generator)
+    # [[expected, drawn] fastRG draws, [expected, drawn] exploration draws] in one tensor: the budget sends the
+    # first row to the host in one copy
+    totals = torch.stack([means, counts], -1).sum((1, 2))  # (2, 2) fp64, exact below 2^53
+    return counts.to(torch.int64).view(2, -1), totals
 
 
 def _uniform_position(
@@ -430,8 +447,8 @@ def fastrg_edges(
     m = k_memb.shape[2]
     num_rows = B * H * n
     inputs = sampler_inputs(q_memb, k_memb, blocks, query_valid, key_valid)
-    counts, expected = _draw_totals(inputs, delta, n, m, generator)  # (2, B*H)
-    fastrg_slots = int(counts[0].sum()) if reserve is None else reserve(expected)
+    counts, totals = _draw_totals(inputs, delta, n, m, generator)  # (2, B*H), (2, 2)
+    fastrg_slots = int(totals[0, 1]) if reserve is None else reserve(totals[0, 0])
     # The exploration rate is at most δ per pair, known on the host: its slots hold the count but with a negligible
     # probability.
     exploration_slots = poisson_slots(delta * m * num_rows) if delta > 0 else 0
@@ -459,8 +476,7 @@ def fastrg_edges(
         duplicate=duplicate,
         attended=attended,
         num_rows=num_rows,
-        expected=expected,
-        drawn=counts[0].sum(),
+        totals=totals,
         slots=fastrg_slots,
         seed=seed,
     )
