@@ -27,7 +27,6 @@ from ..kernels import (
     gated_attention,
     unflatten_heads,
 )
-from ..kernels.csr import row_pointers
 from ..kernels.dispatch import fastrg_sampler, resolve_backend
 from .budget import EdgeBudget, reads_draw_counts
 from .configuration_sbm import SBMConfig
@@ -352,17 +351,16 @@ class SBMAttention(ZooAttention):
         else:
             out, weights, counts, attended_counts = self._attend_fastrg(q, k, v, *graph, output_attentions)
 
-        total = total_pairs(pairs, B)
-        # Regulariser on the sampled edges through the straight-through counts: λ times this layer's mean density,
-        # divided by the depth of the stack so that the model's total is λ times the mean over layers.
-        aux_loss = (counts.sum(0) / total).mean() * (cfg.sparsity_weight / self.num_site_layers)
-        if cfg.sparsity_weight == 0:
-            # Keeps the loss graph (and the STE backward) free of a regulariser that contributes nothing.
-            aux_loss = aux_loss.detach()
-        if not self.training:
-            # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
-            # expanded along dim 0 by beam search).
-            aux_loss = None
+        # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
+        # expanded along dim 0 by beam search).
+        aux_loss = None
+        if self.training and cfg.sparsity_weight == 0:
+            # A zero keeps the loss graph (and the STE backward) free of a regulariser that contributes nothing.
+            aux_loss = counts.new_zeros(())
+        elif self.training:
+            # Regulariser on the sampled edges through the straight-through counts: λ times this layer's mean
+            # density, divided by the depth of the stack so that the model's total is λ times the mean over layers.
+            aux_loss = (counts.sum(0) / total_pairs(pairs, B)).mean() * (cfg.sparsity_weight / self.num_site_layers)
         sequence_pairs = pairs.clamp(min=1.0)[:, None] if isinstance(pairs, torch.Tensor) else max(pairs, 1.0)
         density = (attended_counts / sequence_pairs).detach()  # (B, H), per example
         return AttentionOutput(hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density)
@@ -458,8 +456,7 @@ class SBMAttention(ZooAttention):
             )  # fmt: skip
         if reserve is not None:
             self.edge_budget.record(graph, B * H * n * m)
-        rows, cols = graph.rows, graph.cols
-        crow = row_pointers(rows, num_rows)
+        rows, cols, crow = graph.rows, graph.cols, graph.crow
 
         qf, kf, vf = flatten_heads(q), flatten_heads(k), flatten_heads(v)  # (B*H*n, d), (B*H*m, d) twice
 

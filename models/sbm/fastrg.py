@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..kernels.csr import row_pointers
 from .sampling import _GOLDEN, mix_bits_
 
 #: seed offset of the exploration draws' stream (odd, below 2**62 so that seed + offset stays an int64)
@@ -56,6 +57,7 @@ class FastRGGraph:
             other attended edges are structural only (self loops, window, global columns).
         duplicate (`torch.BoolTensor` of shape `(E,)`): a later copy of a pair (attends with weight 0).
         attended (`torch.BoolTensor` of shape `(E,)`): the first copy of a pair (not padding, not a duplicate).
+        crow (`torch.LongTensor` of shape `(num_rows + 1,)`): row pointers (`crow[r]`: edges of rows below `r`).
         num_rows (`int`): number of query rows `B * H * n` (the row index of padding).
         totals (`torch.DoubleTensor` of shape `(2, 2)`): the expected and the drawn numbers of fastRG draws, then
             of exploration draws (more fastRG draws than `slots` means some were dropped).
@@ -68,6 +70,7 @@ class FastRGGraph:
     sampled: Tensor
     duplicate: Tensor
     attended: Tensor
+    crow: Tensor
     num_rows: int
     totals: Tensor
     slots: int
@@ -129,14 +132,14 @@ def draw_categorical(weights: Tensor, which: Tensor, bits31: Tensor, total: Tens
     return flat.sub_(which * length).clamp_(max=length - 1)
 
 
-def _slot_heads(counts: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
-    """Owner of each slot when head `(b, h)` owns `counts[b*H + h]` consecutive slots: `(bh, live)`,
-    `(num_slots,)` each; slots past the last draw (and draws past the slots) get `live = False` and the last head."""
-    ends = counts.cumsum(0)  # (B*H,)
-    slots = torch.arange(num_slots, device=counts.device, dtype=torch.int64)
-    bh = torch.searchsorted(ends, slots, right=True)
-    live = bh < counts.shape[0]
-    return bh.clamp_(max=counts.shape[0] - 1), live
+def _slot_heads(ends: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
+    """Owner of each slot when head `(b, h)` owns the slots from `ends[b*H + h - 1]` to `ends[b*H + h]` (cumulative
+    draw counts, fp64 holding integers): `(bh, live)`, `(num_slots,)` each; slots past the last draw (and draws
+    past the slots) get `live = False` and the last head."""
+    slots = torch.arange(num_slots, device=ends.device, dtype=torch.int64)
+    bh = torch.searchsorted(ends.to(torch.int64), slots, right=True)
+    live = bh < ends.shape[0]
+    return bh.clamp_(max=ends.shape[0] - 1), live
 
 
 @dataclass
@@ -192,9 +195,9 @@ def fastrg_weights(q_memb: Tensor, k_memb: Tensor, blocks: Tensor) -> Tensor:
 def _draw_totals(
     inputs: SamplerInputs, delta: float, n: int, m: int, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
-    """Poisson numbers of fastRG and of exploration draws of every head, `(2, B*H)` int64, and the totals over the
-    heads, `(2, 2)` float64: the expected and the drawn numbers of fastRG draws, then of exploration draws.
-    Exploration draws Poisson(`δ`) times each pair of real positions."""
+    """Expected and Poisson numbers of fastRG and of exploration draws of every head, cumulated over the heads:
+    `(2, 2, B*H)` float64, `[kind, (expected, drawn)]`. Exploration draws Poisson(`δ`) times each pair of real
+    positions."""
     rates = inputs.rates  # (B, H)
     if inputs.query_counts is None and inputs.key_counts is None:
         explore = torch.full_like(rates, delta * n * m)
@@ -205,10 +208,9 @@ def _draw_totals(
     # Two numbers per head: fp64 keeps counts above 2^24 exact (fp32 Poisson draws of such means are rounded).
     means = torch.stack([rates, explore]).double()  # (2, B, H)
     counts = torch.poisson(means, generator=generator)
-    # [[expected, drawn] fastRG draws, [expected, drawn] exploration draws] in one tensor: the budget sends the
-    # first row to the host in one copy
-    totals = torch.stack([means, counts], -1).sum((1, 2))  # (2, 2) fp64, exact below 2^53
-    return counts.to(torch.int64).view(2, -1), totals
+    # One cumulative sum over the heads gives the slot range of every head and, in its last column, the totals
+    # (exact integers below 2^53 for the draws).
+    return torch.stack([means, counts], 1).view(2, 2, -1).cumsum(-1)  # (2, 2, B*H)
 
 
 def _uniform_position(
@@ -221,15 +223,13 @@ def _uniform_position(
     return draw_categorical(valid.float(), batch, bits31, total)
 
 
-def _fastrg_draws(
-    inputs: SamplerInputs, counts: Tensor, num_slots: int, seed: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+def _fastrg_draws(inputs: SamplerInputs, ends: Tensor, num_slots: int, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The fastRG draws in `num_slots` slots: `(row, key, live)`, `(num_slots,)` each, `row = (b*H + h)*n + i`.
 
     Each draw of head `(b, h)` picks row `i` ∝ its rate, cluster `v` ∝ `(Q̂_i Ŝ)_v z_v`, key `j` ∝ `K̂_jv`."""
     B, H, n, k = inputs.weights.shape
     m = inputs.k_memb.shape[2]
-    bh, live = _slot_heads(counts, num_slots)
+    bh, live = _slot_heads(ends, num_slots)
     bits = slot_bits(seed, num_slots, 0)
     row = draw_categorical(inputs.row_rates.reshape(B * H, n), bh, bits & _LOW31, inputs.rates)
     row.add_(bh * n)
@@ -242,12 +242,12 @@ def _fastrg_draws(
 
 
 def _exploration_draws(
-    inputs: SamplerInputs, counts: Tensor, num_slots: int, seed: Tensor, query_valid, key_valid
+    inputs: SamplerInputs, ends: Tensor, num_slots: int, seed: Tensor, query_valid, key_valid
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The exploration draws in `num_slots` slots: `(row, key, live)`, a uniform pair of real positions each."""
     _, H, n, _ = inputs.weights.shape
     m = inputs.k_memb.shape[2]
-    bh, live = _slot_heads(counts, num_slots)
+    bh, live = _slot_heads(ends, num_slots)
     bits = slot_bits(seed, num_slots, 1)
     batch = bh // H
     i = _uniform_position(query_valid, inputs.query_counts, batch, bits & _LOW31, n)
@@ -263,9 +263,9 @@ def fastrg_multigraph(
     index, query and key of every draw. Pair counts are independent Poisson(`p_ij`)."""
     n, m = q_memb.shape[2], k_memb.shape[2]
     inputs = sampler_inputs(q_memb, k_memb, blocks, None, None)
-    counts, _ = _draw_totals(inputs, 0.0, n, m, generator)
+    cumulative = _draw_totals(inputs, 0.0, n, m, generator)
     seed = torch.randint(0, 1 << 62, (), device=q_memb.device, generator=generator)
-    row, key, live = _fastrg_draws(inputs, counts[0], int(counts[0].sum()), seed)
+    row, key, live = _fastrg_draws(inputs, cumulative[0, 1], int(cumulative[0, 1, -1]), seed)
     row, key = row[live], key[live]
     return row // n, row % n, key
 
@@ -326,7 +326,8 @@ class PairIdRequest:
     """One call's draws, as the two implementations of the pair ids take them.
 
     Attributes:
-        counts (`torch.LongTensor` of shape `(2, B*H)`): fastRG and exploration draws of each head.
+        ends (`torch.DoubleTensor` of shape `(2, B*H)`): cumulative fastRG and exploration draws over the heads
+            (integers; head `b*H + h` owns the slots from `ends[:, b*H + h - 1]` to `ends[:, b*H + h]`).
         seed (`torch.LongTensor` of shape `()`): the hash seed.
         fastrg_slots / exploration_slots (`int`): slots of each kind.
         query_valid / key_valid (`torch.BoolTensor`, *optional*): real positions.
@@ -336,7 +337,7 @@ class PairIdRequest:
         sentinel (`int`), dtype (`torch.dtype`): the empty slots' id and the ids' dtype.
     """
 
-    counts: Tensor
+    ends: Tensor
     seed: Tensor
     fastrg_slots: int
     exploration_slots: int
@@ -356,10 +357,10 @@ def pair_ids(inputs: SamplerInputs, request: PairIdRequest) -> Tensor:
     _, _, n, _ = inputs.weights.shape
     m = inputs.k_memb.shape[2]
     r = request
-    row, key, live = _fastrg_draws(inputs, r.counts[0], r.fastrg_slots, r.seed)
+    row, key, live = _fastrg_draws(inputs, r.ends[0], r.fastrg_slots, r.seed)
     if r.exploration_slots:
         row_e, key_e, live_e = _exploration_draws(
-            inputs, r.counts[1], r.exploration_slots, r.seed, r.query_valid, r.key_valid
+            inputs, r.ends[1], r.exploration_slots, r.seed, r.query_valid, r.key_valid
         )
         row, key, live = torch.cat([row, row_e]), torch.cat([key, key_e]), torch.cat([live, live_e])
     if r.causal:
@@ -380,10 +381,10 @@ def pair_ids(inputs: SamplerInputs, request: PairIdRequest) -> Tensor:
 
 def edges_from_sorted_ids(
     ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The edge list of stably sorted pair ids: `(rows, cols, sampled, duplicate, attended)` (see [`FastRGGraph`];
-    `order` is each id's position before the sort, the draws' below `num_drawn`). The torch reference of
-    `fastrg_edge_list_triton`."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The edge list of stably sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow)` (see
+    [`FastRGGraph`]; `order` is each id's position before the sort, the draws' below `num_drawn`). The torch
+    reference of `fastrg_edge_list_triton`."""
     real = ids != sentinel
     first = torch.ones_like(real)
     first[1:] = ids[1:] != ids[:-1]
@@ -391,7 +392,7 @@ def edges_from_sorted_ids(
     ids = ids.to(torch.int64)
     rows = (ids // m).clamp_(max=num_rows)
     cols = torch.where(real, (rows // n) * m + ids % m, 0)
-    return rows, cols, attended & (order < num_drawn), real & ~first, attended
+    return rows, cols, attended & (order < num_drawn), real & ~first, attended, row_pointers(rows, num_rows)
 
 
 class FastRGKernels(NamedTuple):
@@ -400,7 +401,7 @@ class FastRGKernels(NamedTuple):
     `attnzoo.kernels.triton.fastrg`'s `fastrg_pair_ids_triton` and `fastrg_edge_list_triton`."""
 
     pair_ids: Callable[..., Tensor]
-    edge_list: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]
+    edge_list: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]]
 
 
 def fastrg_edges(
@@ -447,7 +448,8 @@ def fastrg_edges(
     m = k_memb.shape[2]
     num_rows = B * H * n
     inputs = sampler_inputs(q_memb, k_memb, blocks, query_valid, key_valid)
-    counts, totals = _draw_totals(inputs, delta, n, m, generator)  # (2, B*H), (2, 2)
+    cumulative = _draw_totals(inputs, delta, n, m, generator)  # (2, 2, B*H)
+    totals = cumulative[..., -1]  # (2, 2): expected and drawn, of fastRG and of exploration draws
     fastrg_slots = int(totals[0, 1]) if reserve is None else reserve(totals[0, 0])
     # The exploration rate is at most δ per pair, known on the host: its slots hold the count but with a negligible
     # probability.
@@ -456,7 +458,7 @@ def fastrg_edges(
     # The sort merges repeated pairs (int32 ids when they fit); the largest id of the dtype marks an empty slot.
     small = num_rows * m < _INT32_PAIRS
     request = PairIdRequest(
-        counts=counts, seed=seed, fastrg_slots=fastrg_slots, exploration_slots=exploration_slots,
+        ends=cumulative[:, 1], seed=seed, fastrg_slots=fastrg_slots, exploration_slots=exploration_slots,
         query_valid=query_valid, key_valid=key_valid, causal=causal, query_offset=query_offset,
         structural=structural, sentinel=(1 << 31) - 1 if small else _INT64_SENTINEL,
         dtype=torch.int32 if small else torch.int64,
@@ -466,7 +468,7 @@ def fastrg_edges(
     ids, order = torch.sort(ids, stable=True)
     edge_list = edges_from_sorted_ids if kernels is None else kernels.edge_list
     num_drawn = fastrg_slots + exploration_slots
-    rows, cols, sampled, duplicate, attended = edge_list(
+    rows, cols, sampled, duplicate, attended, crow = edge_list(
         ids, order, num_drawn=num_drawn, n=n, m=m, num_rows=num_rows, sentinel=request.sentinel
     )
     return FastRGGraph(
@@ -475,6 +477,7 @@ def fastrg_edges(
         sampled=sampled,
         duplicate=duplicate,
         attended=attended,
+        crow=crow,
         num_rows=num_rows,
         totals=totals,
         slots=fastrg_slots,

@@ -27,7 +27,7 @@ DEVICES = [
     ),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
 ]
-FIELDS = ("rows", "cols", "sampled", "duplicate", "attended")
+FIELDS = ("rows", "cols", "sampled", "duplicate", "attended", "crow")
 B, H, N, M, K = 2, 3, 37, 41, 8
 
 

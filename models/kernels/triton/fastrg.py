@@ -15,7 +15,8 @@ implementations), so the two give the same ids bit for bit: integer ops and one 
    and key by binary searches of the tables, causal thinning, and the pair id `((b*H + h)*n + i)*m + j` (the
    largest id of the dtype where the slot holds no pair).
 3. After one stable sort of the ids (torch), [`_edge_list`] (one launch) writes the edge list: rows, columns and the
-   sampled / duplicate / attended flags of every edge, comparing each id with the one before it.
+   sampled / duplicate / attended flags of every edge, comparing each id with the one before it, and the row
+   pointers (a binary search of the sorted ids per row).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def _draw(TABLE, row, length, bits31, mask, STEPS: tl.constexpr):
 
 @triton.jit
 def _draw_pair_ids(
-    SEED, ENDS, ROW_CUM, CLUSTER_CUM, KEY_CUM, QV_CUM, KV_CUM, QUERY_VALID, KEY_VALID, STRUCT, OUT,
+    SEED, ENDS, ends_stride, ROW_CUM, CLUSTER_CUM, KEY_CUM, QV_CUM, KV_CUM, QUERY_VALID, KEY_VALID, STRUCT, OUT,
     num_fastrg, num_exploration, num_struct, num_heads_flat, heads, n, k, m, query_offset, sentinel,
     first_diagonal, num_diagonals, num_columns,
     HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, CAUSAL: tl.constexpr, GIVEN: tl.constexpr,
@@ -150,7 +151,7 @@ def _draw_pair_ids(
     explore = (slot >= num_fastrg) & (slot < drawn)
     # The draw's position in its own stream, and the stream's cumulative counts per head (ENDS is (2, BH)).
     position = tl.where(fast, slot, slot - num_fastrg)
-    stream_row = tl.where(fast, 0, num_heads_flat)
+    stream_row = tl.where(fast, 0, ends_stride)
     bh = _count_at_most(ENDS, stream_row, num_heads_flat, position, fast | explore, STEPS_BH)
     live = (fast | explore) & (bh < num_heads_flat)
     bh = tl.minimum(bh, num_heads_flat - 1)
@@ -201,24 +202,32 @@ def _draw_pair_ids(
 
 @triton.jit
 def _edge_list(
-    IDS, ORDER, ROWS, COLS, SAMPLED, DUPLICATE, ATTENDED, num_edges, num_drawn, n, m, num_rows, sentinel,
-    BLOCK: tl.constexpr,
+    IDS, ORDER, ROWS, COLS, SAMPLED, DUPLICATE, ATTENDED, CROW, num_edges, num_drawn, n, m, num_rows, sentinel,
+    edge_programs, STEPS_E: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = e < num_edges
-    ids = tl.load(IDS + e, mask=ok, other=0).to(tl.int64)
-    before = tl.load(IDS + e - 1, mask=ok & (e > 0), other=0).to(tl.int64)
-    real = ids != sentinel
-    first = (e == 0) | (ids != before)
-    attended = first & real
-    rows = tl.minimum(ids // m, num_rows)
-    cols = tl.where(real, (rows // n) * m + ids % m, 0)
-    order = tl.load(ORDER + e, mask=ok, other=0)
-    tl.store(ROWS + e, rows, mask=ok)
-    tl.store(COLS + e, cols, mask=ok)
-    tl.store(SAMPLED + e, attended & (order < num_drawn), mask=ok)
-    tl.store(DUPLICATE + e, real & ~first, mask=ok)
-    tl.store(ATTENDED + e, attended, mask=ok)
+    pid = tl.program_id(0).to(tl.int64)
+    if pid < edge_programs:
+        e = pid * BLOCK + tl.arange(0, BLOCK)
+        ok = e < num_edges
+        ids = tl.load(IDS + e, mask=ok, other=0).to(tl.int64)
+        before = tl.load(IDS + e - 1, mask=ok & (e > 0), other=0).to(tl.int64)
+        real = ids != sentinel
+        first = (e == 0) | (ids != before)
+        attended = first & real
+        rows = tl.minimum(ids // m, num_rows)
+        cols = tl.where(real, (rows // n) * m + ids % m, 0)
+        order = tl.load(ORDER + e, mask=ok, other=0)
+        tl.store(ROWS + e, rows, mask=ok)
+        tl.store(COLS + e, cols, mask=ok)
+        tl.store(SAMPLED + e, attended & (order < num_drawn), mask=ok)
+        tl.store(DUPLICATE + e, real & ~first, mask=ok)
+        tl.store(ATTENDED + e, attended, mask=ok)
+    else:
+        # row pointers: row r's edges start after every id below r * m (searchsorted of the rows)
+        r = (pid - edge_programs) * BLOCK + tl.arange(0, BLOCK)
+        ok = r <= num_rows
+        start = _count_at_most(IDS, 0, num_edges, r * m - 1, ok, STEPS_E)
+        tl.store(CROW + r, start, mask=ok)
 
 
 def _steps(length: int) -> int:
@@ -232,7 +241,7 @@ def fastrg_pair_ids_triton(
     weights: Tensor,
     k_memb: Tensor,
     cluster_totals: Tensor,
-    counts: Tensor,
+    ends: Tensor,
     seed: Tensor,
     *,
     fastrg_slots: int,
@@ -255,7 +264,9 @@ def fastrg_pair_ids_triton(
         weights (`torch.Tensor` of shape `(B, H, n, k)`): `(Q̂_i Ŝ)_v z_v` (fp32).
         k_memb (`torch.Tensor` of shape `(B, H, m, k)`): key memberships `K̂` (fp32).
         cluster_totals (`torch.Tensor` of shape `(B, H, k)`): `z_v = Σ_j K̂_jv`.
-        counts (`torch.LongTensor` of shape `(2, B*H)`): fastRG and exploration draws of each head.
+        ends (`torch.Tensor` of shape `(2, B*H)`): cumulative fastRG and exploration draws over the heads (integers,
+            any dtype: fp64 from the Poisson draws); head `b*H + h` owns slots `ends[:, b*H + h - 1]` to
+            `ends[:, b*H + h]` (a stride between the two rows is fine).
         seed (`torch.LongTensor` of shape `()`): the call's hash seed.
         fastrg_slots / exploration_slots (`int`): slots of each kind of draw (draws past them are dropped).
         query_valid / key_valid (`torch.BoolTensor` of shape `(B, n)` / `(B, m)`, *optional*): real positions.
@@ -291,7 +302,6 @@ def fastrg_pair_ids_triton(
         key_valid if has_kv else row_rates, key_counts if has_kv else rates, kv_cum, B,
         HAS_QV=has_qv, HAS_KV=has_kv, BLOCK=min(BLOCK_TABLE, triton.next_power_of_2(max(n, m, k))),
     )  # fmt: skip
-    ends = counts.cumsum(1)  # (2, BH)
     # no structural pairs: none given (no width of 0 to divide by)
     given = structural is None or isinstance(structural, Tensor)
     if given:
@@ -304,7 +314,7 @@ def fastrg_pair_ids_triton(
     out = torch.empty(total, dtype=dtype, device=device)
     if total > 0:
         _draw_pair_ids[(triton.cdiv(total, BLOCK_SLOTS),)](
-            seed, ends, row_cum, cluster_cum, key_cum, qv_cum, kv_cum,
+            seed, ends, ends.stride(0), row_cum, cluster_cum, key_cum, qv_cum, kv_cum,
             query_valid if has_qv else row_cum, key_valid if has_kv else row_cum, struct, out,
             fastrg_slots, exploration_slots, num_struct, bh, H, n, k, m, query_offset, sentinel, *diagonal_range,
             HAS_QV=has_qv, HAS_KV=has_kv, CAUSAL=causal, GIVEN=given,
@@ -315,9 +325,9 @@ def fastrg_pair_ids_triton(
 
 def fastrg_edge_list_triton(
     ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The edge list of sorted pair ids: `(rows, cols, sampled, duplicate, attended)` as
-    `attnzoo.sbm.fastrg.edges_from_sorted_ids` computes them.
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The edge list of sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow)` as
+    `attnzoo.sbm.fastrg.edges_from_sorted_ids` computes them (`crow`: the `(num_rows + 1,)` row pointers).
 
     Args:
         ids (`torch.Tensor` of shape `(E,)`): pair ids sorted stably, `sentinel` for empty slots (last).
@@ -331,9 +341,10 @@ def fastrg_edge_list_triton(
     rows = torch.empty(num_edges, dtype=torch.int64, device=ids.device)
     cols = torch.empty_like(rows)
     sampled, duplicate, attended = (torch.empty(num_edges, dtype=torch.bool, device=ids.device) for _ in range(3))
-    if num_edges > 0:
-        _edge_list[(triton.cdiv(num_edges, BLOCK_SLOTS),)](
-            ids, order, rows, cols, sampled, duplicate, attended, num_edges, num_drawn, n, m, num_rows, sentinel,
-            BLOCK=BLOCK_SLOTS,
-        )  # fmt: skip
-    return rows, cols, sampled, duplicate, attended
+    crow = torch.empty(num_rows + 1, dtype=torch.int64, device=ids.device)
+    edge_programs = triton.cdiv(num_edges, BLOCK_SLOTS)
+    _edge_list[(edge_programs + triton.cdiv(num_rows + 1, BLOCK_SLOTS),)](
+        ids, order, rows, cols, sampled, duplicate, attended, crow, num_edges, num_drawn, n, m, num_rows, sentinel,
+        edge_programs, STEPS_E=_steps(num_edges), BLOCK=BLOCK_SLOTS,
+    )  # fmt: skip
+    return rows, cols, sampled, duplicate, attended, crow
