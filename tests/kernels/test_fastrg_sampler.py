@@ -2,8 +2,8 @@
 the same graph bit for bit for the same generator (counter hashes and integer inverse CDFs), and fastRG's law.
 
 On CPU the kernels run under Triton's interpreter (`tests/conftest.py`), whose cost is per program, so the shapes
-are small; several draw and edge-list blocks (`BLOCK_SLOTS`) and table steps (`BLOCK_TABLE` is larger than every
-row here, so each table row is one step) still run. With CUDA the same cases run compiled.
+are small; several draw and edge-list blocks (`BLOCK_SLOTS`) still run, and the equality cases shrink the table
+steps (`BLOCK_TABLE`, `TABLE_TILE`) so that a table row takes several steps. With CUDA the same cases run compiled.
 """
 
 from __future__ import annotations
@@ -96,7 +96,10 @@ def test_the_hash_and_quantisation_constants_are_the_reference_samplers():
     ],
     ids=["plain", "padded-given-ids", "padded-causal-window", "causal-window", "padded-window"],
 )
-def test_the_fused_sampler_draws_the_reference_graph(device, padded, causal, structural):
+def test_the_fused_sampler_draws_the_reference_graph(device, padded, causal, structural, monkeypatch):
+    # table rows of 16 entries per step (N, M > 16: the running sum carries over steps), 4 rows per step
+    monkeypatch.setattr(kernel, "BLOCK_TABLE", 16)
+    monkeypatch.setattr(kernel, "TABLE_TILE", 64)
     # 150 fastRG slots: fewer than the draws (about 1500), so the drop of the draws past them is compared too.
     reference, fused = _graphs(device, padded=padded, causal=causal, structural=structural, reserve=lambda e: 150)
     assert int(reference.drawn) > reference.slots, "the test should overflow the fastRG slots"

@@ -6,10 +6,10 @@ arithmetic ones), and every categorical draw is the same inverse CDF over intege
 quantised to `2^30` units per row (`floor(w / total * 2^30)`, the totals computed once by the caller and read by both
 implementations), so the two give the same ids bit for bit: integer ops and one correctly rounded fp32 division.
 
-1. [`_cumulative_units`] (one launch): the int32 cumulative sums of the categorical tables, one program per table
-   row: rows of each head ∝ their rate, clusters of each row ∝ `(Q̂_i Ŝ)_v z_v`, keys of each (head, cluster) ∝
-   `K̂_jv` (read in place from `K̂`, no transposed copy), and the real positions of each sequence when some are
-   padding. int32 holds them (a row sums to at most about `2^30`), half the bytes of the reference's int64.
+1. [`_cumulative_units`] (one launch): the int32 cumulative sums of the categorical tables, a block of table rows
+   per program: rows of each head ∝ their rate, clusters of each row ∝ `(Q̂_i Ŝ)_v z_v`, keys of each (head,
+   cluster) ∝ `K̂_jv` (read in place from `K̂`, no transposed copy), and the real positions of each sequence when
+   some are padding. int32 holds them (a row sums to at most about `2^30`), half the bytes of the reference's int64.
 2. [`_draw_pair_ids`] (one launch): one lane per slot (fastRG slots, then exploration slots, then the structural
    pairs): the slot's head by a binary search of the cumulative draw counts, its hashed bits, its query, cluster
    and key by binary searches of the tables, causal thinning, and the pair id `((b*H + h)*n + i)*m + j` (the
@@ -20,6 +20,8 @@ implementations), so the two give the same ids bit for bit: integer ops and one 
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import triton
@@ -44,9 +46,11 @@ _LOW33 = tl.constexpr((1 << 33) - 1)
 _LOW35 = tl.constexpr((1 << 35) - 1)
 #: the smallest normal fp32, the reference's floor of a row total
 _TINY = tl.constexpr(torch.finfo(torch.float32).tiny)
-#: slots per program of the draw and edge-list kernels; table entries per step of the cumulative sums
+#: slots per program of the draw and edge-list kernels; entries of a table row per step of the cumulative sums, and
+#: entries of a step in all (several rows when theirs are shorter)
 BLOCK_SLOTS = 256
-BLOCK_TABLE = 1024
+BLOCK_TABLE = 128
+TABLE_TILE = 4096
 
 
 @triton.jit
@@ -61,22 +65,28 @@ def _mix(x):
 
 
 @triton.jit
-def _table_row(W, TOTAL, OUT, r, length, group, stride_group, stride_in_group, stride_entry, BLOCK: tl.constexpr):
-    """Row `r` of a cumulative table: `OUT[r, j] = Σ_{l <= j} floor(W[r, l] / max(TOTAL[r], tiny) * 2^30)`, where
-    entry `l` of row `r` sits at `(r // group) * stride_group + (r % group) * stride_in_group + l * stride_entry`."""
-    r = r.to(tl.int64)
-    total = tl.maximum(tl.load(TOTAL + r).to(tl.float32), _TINY)
+def _table_block(
+    W, TOTAL, OUT, block, rows, length, group, stride_group, stride_in_group, stride_entry,
+    BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
+):  # fmt: skip
+    """Rows `block * BLOCK_R ...` of a cumulative table: `OUT[r, j] = Σ_{l <= j} floor(W[r, l] / max(TOTAL[r], tiny)
+    * 2^30)`, where entry `l` of row `r` sits at `(r // group) * stride_group + (r % group) * stride_in_group + l *
+    stride_entry`; `BLOCK_L` entries of `BLOCK_R` rows per step (a row of K̂'s columns reads its neighbours' entries
+    in the same step: coalesced)."""
+    r = block * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    row_ok = r < rows
+    total = tl.maximum(tl.load(TOTAL + r, mask=row_ok, other=1).to(tl.float32), _TINY)
     base = (r // group) * stride_group + (r % group) * stride_in_group
-    carry = tl.zeros([], tl.int32)
-    for start in range(0, length, BLOCK):
-        j = start + tl.arange(0, BLOCK)
-        ok = j < length
-        w = tl.load(W + base + j.to(tl.int64) * stride_entry, mask=ok, other=0).to(tl.float32)
+    carry = tl.zeros([BLOCK_R], tl.int32)
+    for start in range(0, length, BLOCK_L):
+        j = start + tl.arange(0, BLOCK_L).to(tl.int64)
+        ok = row_ok[:, None] & (j < length)[None, :]
+        w = tl.load(W + base[:, None] + j[None, :] * stride_entry, mask=ok, other=0).to(tl.float32)
         # the reference's division is correctly rounded: so is this one (plain `/` is approximate on CUDA)
-        units = tl.floor(tl.math.div_rn(w, total) * _CDF).to(tl.int32)
-        cum = tl.cumsum(units, 0) + carry
-        tl.store(OUT + r * length + j, cum, mask=ok)
-        carry += tl.sum(units, 0)
+        units = tl.floor(tl.math.div_rn(w, total[:, None]) * _CDF).to(tl.int32)
+        cum = tl.cumsum(units, 1) + carry[:, None]
+        tl.store(OUT + r[:, None] * length + j[None, :], cum, mask=ok)
+        carry += tl.sum(units, 1)
 
 
 @triton.jit
@@ -85,28 +95,32 @@ def _cumulative_units(
     CLUSTER_W, CLUSTER_TOTAL, CLUSTER_OUT, k,
     KEY_W, KEY_TOTAL, KEY_OUT, m,
     QV_W, QV_TOTAL, QV_OUT, KV_W, KV_TOTAL, KV_OUT, batch,
-    HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, BLOCK: tl.constexpr,
+    cluster_start, key_start, qv_start, kv_start,
+    HAS_QV: tl.constexpr, HAS_KV: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    ROWS_N: tl.constexpr, ROWS_K: tl.constexpr, ROWS_M: tl.constexpr,
 ):  # fmt: skip
-    # programs: [rows of each head (BH)] [clusters of each row (BH n)] [keys of each (head, cluster) (BH k)]
-    # [real queries of each sequence (B), if padded] [real keys of each sequence (B), if padded]
+    # program blocks, in order: rows of each head (BH rows of n) | clusters of each query row (BH n rows of k) |
+    # keys of each (head, cluster) (BH k rows of m) | real queries (B rows of n), real keys (B rows of m) if padded
     pid = tl.program_id(0).to(tl.int64)
-    cluster_start = num_heads_flat
-    key_start = cluster_start + num_heads_flat * n
-    qv_start = key_start + num_heads_flat * k
-    kv_start = qv_start + (batch if HAS_QV else 0)
     if pid < cluster_start:
-        _table_row(ROW_W, ROW_TOTAL, ROW_OUT, pid, n, 1, n, 0, 1, BLOCK)
+        _table_block(ROW_W, ROW_TOTAL, ROW_OUT, pid, num_heads_flat, n, 1, n, 0, 1, ROWS_N, BLOCK_N)
     elif pid < key_start:
-        _table_row(CLUSTER_W, CLUSTER_TOTAL, CLUSTER_OUT, pid - cluster_start, k, 1, k, 0, 1, BLOCK)
+        _table_block(
+            CLUSTER_W, CLUSTER_TOTAL, CLUSTER_OUT, pid - cluster_start, num_heads_flat * n, k, 1, k, 0, 1,
+            ROWS_K, BLOCK_K,
+        )  # fmt: skip
     elif pid < qv_start:
-        # K̂ is (BH, m, k): the keys of cluster v of head bh are column v, read in place
-        _table_row(KEY_W, KEY_TOTAL, KEY_OUT, pid - key_start, m, k, m * k, 1, k, BLOCK)
+        # K̂ is (BH, m, k): the keys of cluster v of head bh are its column v, read in place
+        _table_block(
+            KEY_W, KEY_TOTAL, KEY_OUT, pid - key_start, num_heads_flat * k, m, k, m * k, 1, k, ROWS_M, BLOCK_M
+        )
     elif pid < kv_start:
         if HAS_QV:
-            _table_row(QV_W, QV_TOTAL, QV_OUT, pid - qv_start, n, 1, n, 0, 1, BLOCK)
+            _table_block(QV_W, QV_TOTAL, QV_OUT, pid - qv_start, batch, n, 1, n, 0, 1, ROWS_N, BLOCK_N)
     else:
         if HAS_KV:
-            _table_row(KV_W, KV_TOTAL, KV_OUT, pid - kv_start, m, 1, m, 0, 1, BLOCK)
+            _table_block(KV_W, KV_TOTAL, KV_OUT, pid - kv_start, batch, m, 1, m, 0, 1, ROWS_M, BLOCK_M)
 
 
 @triton.jit
@@ -230,6 +244,12 @@ def _edge_list(
         tl.store(CROW + r, start, mask=ok)
 
 
+def _table_steps(length: int) -> tuple[int, int]:
+    """Entries and rows of a table's step: up to `BLOCK_TABLE` entries of a row, `TABLE_TILE` entries in all."""
+    entries = min(BLOCK_TABLE, triton.next_power_of_2(max(length, 1)))
+    return entries, max(TABLE_TILE // entries, 1)
+
+
 def _steps(length: int) -> int:
     """Binary-search steps that find a position in `[0, length]`."""
     return max(int(length).bit_length(), 1)
@@ -293,14 +313,27 @@ def fastrg_pair_ids_triton(
     has_qv, has_kv = query_valid is not None, key_valid is not None
     qv_cum = torch.empty(B, n, dtype=torch.int32, device=device) if has_qv else row_cum
     kv_cum = torch.empty(B, m, dtype=torch.int32, device=device) if has_kv else row_cum
-    programs = bh + bh * n + bh * k + (B if has_qv else 0) + (B if has_kv else 0)
-    _cumulative_units[(programs,)](
+    steps = {length: _table_steps(length) for length in (n, k, m)}  # (entries, rows) per step
+    starts = list(
+        itertools.accumulate(
+            [
+                triton.cdiv(bh, steps[n][1]),
+                triton.cdiv(bh * n, steps[k][1]),
+                triton.cdiv(bh * k, steps[m][1]),
+                triton.cdiv(B, steps[n][1]) if has_qv else 0,
+                triton.cdiv(B, steps[m][1]) if has_kv else 0,
+            ]
+        )
+    )
+    _cumulative_units[(starts[-1],)](
         row_rates, rates, row_cum, bh, n,
         weights, row_rates, cluster_cum, k,
         k_memb, cluster_totals, key_cum, m,
         query_valid if has_qv else row_rates, query_counts if has_qv else rates, qv_cum,
         key_valid if has_kv else row_rates, key_counts if has_kv else rates, kv_cum, B,
-        HAS_QV=has_qv, HAS_KV=has_kv, BLOCK=min(BLOCK_TABLE, triton.next_power_of_2(max(n, m, k))),
+        *starts[:4], HAS_QV=has_qv, HAS_KV=has_kv,
+        BLOCK_N=steps[n][0], BLOCK_K=steps[k][0], BLOCK_M=steps[m][0],
+        ROWS_N=steps[n][1], ROWS_K=steps[k][1], ROWS_M=steps[m][1],
     )  # fmt: skip
     # no structural pairs: none given (no width of 0 to divide by)
     given = structural is None or isinstance(structural, Tensor)
