@@ -305,6 +305,9 @@ def stubbed_triton_launches(recorder: OpRecorder) -> Iterator[None]:
             for tensor in [*args, *kwargs.values()]:
                 if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() in recorder.uninitialised:
                     tensor.zero_()
+                    # Written once, as the kernel would: a later launch reading it (a kernel's output saved for
+                    # backward) must not bump its version.
+                    recorder.uninitialised.discard(tensor.untyped_storage().data_ptr())
 
     InterpretedFunction.run = stub
     try:

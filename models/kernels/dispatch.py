@@ -133,6 +133,20 @@ def attentive_sampler(backend: str, device: torch.device) -> Callable[..., tuple
     return _triton_kernels().attentive_sample_triton
 
 
+def fastrg_sampler(backend: str, device: torch.device) -> tuple[Callable[..., Tensor], Callable[..., tuple]] | None:
+    """SBM's fused fastRG sampler where `backend` runs the Triton kernels on `device`: its two steps around the sort,
+    `(fastrg_pair_ids_triton, fastrg_edge_list_triton)`, else `None` (the caller runs its torch reference,
+    `attnzoo.sbm.fastrg`; both give the same graph).
+
+    Raises:
+        ValueError: as [`resolve_backend`] (e.g. `"triton"` on CPU without the interpreter).
+    """
+    if resolve_backend(backend, device, torch.float32) != "triton":
+        return None
+    kernels = _triton_kernels()
+    return kernels.fastrg_pair_ids_triton, kernels.fastrg_edge_list_triton
+
+
 def uses_flex_attention(backend: str, device: torch.device, *dtypes: torch.dtype) -> bool:
     """Whether a block-sparse pattern runs through FlexAttention ([`attnzoo.kernels.flex`]) rather than the
     primitives below: with `"fast"` on CUDA where the Triton kernels could run (FlexAttention compiles to Triton).

@@ -27,14 +27,20 @@ from ..kernels import (
     gated_attention,
     unflatten_heads,
 )
-from ..kernels.csr import row_pointers
-from ..kernels.dispatch import resolve_backend
+from ..kernels.dispatch import fastrg_sampler, resolve_backend
 from .budget import EdgeBudget, reads_draw_counts
 from .configuration_sbm import SBMConfig
-from .fastrg import dropout_keep, fastrg_edges
+from .fastrg import FastRGKernels, StructuralPairs, dropout_keep, fastrg_edges
 from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern
 
 _SITES = ("encoder", "decoder", "cross_attention")
+
+
+def total_pairs(pairs: torch.Tensor | float, batch: int) -> torch.Tensor | float:
+    """All sequences' pairs ([`SBMAttention.count_pairs`]), at least 1."""
+    if isinstance(pairs, torch.Tensor):
+        return pairs.sum().clamp(min=1.0)
+    return max(batch * pairs, 1.0)
 
 
 class HeadwiseMLP(nn.Module):
@@ -159,8 +165,15 @@ class SBMAttention(ZooAttention):
         m: int,
         offset: int,
         device,
-    ) -> torch.Tensor:
-        """Number of pairs that may carry an edge per sequence, `(B,)` float, without building an `n × m` mask."""
+    ) -> torch.Tensor | float:
+        """Number of pairs that may carry an edge per sequence, `(B,)` float, without building an `n × m` mask; a
+        Python float (the same for every sequence) when there is no padding: it costs the device nothing then."""
+        if key_valid is None and query_valid is None:
+            if not self.is_causal:
+                return float(n * m)
+            # Query i sees min(i + offset + 1, m) keys: the first t of them fewer than m.
+            t = min(n, max(m - offset - 1, 0))
+            return float(t * (offset + 1) + t * (t - 1) // 2 + (n - t) * m)
         keys = torch.ones(B, m, device=device) if key_valid is None else key_valid.float()
         queries = torch.ones(B, n, device=device) if query_valid is None else query_valid.float()
         if not self.is_causal:
@@ -227,34 +240,14 @@ class SBMAttention(ZooAttention):
         struct = struct[None, None] if allowed is None else struct & allowed
         return blocked.masked_fill_(struct, 0.0), sampled
 
-    def structural_ids(self, B: int, n: int, m: int, offset: int, allowed_q, key_valid, device) -> torch.Tensor | None:
-        """Linear pair ids `((b*H + h)*n + i)*m + j` of the structural edges (fastRG backend): the diagonals of
-        :meth:`structural_offsets` and the global columns, `(B, H, n, T)` with `-1` where a slot holds no edge (a
-        fixed size: no compaction on the device)."""
+    def structural_pairs(self, m: int) -> StructuralPairs | None:
+        """The structural edges of the fastRG backend (the diagonals of :meth:`structural_offsets` and the global
+        columns among `m` keys), `None` when there are none."""
         offsets = self.structural_offsets()
         g = self.global_positions(m)
         if not offsets and not g:
             return None
-        H = self.num_heads
-        i = torch.arange(n, device=device)[:, None]
-        # The offsets are one range: made on the device, not copied from the host.
-        diagonals = torch.arange(offsets[0], offsets[-1] + 1, device=device) if offsets else i.new_zeros(0)
-        j = i + offset + diagonals[None]  # (n, T)
-        if g:
-            # The global columns (a pair that is also on a diagonal is merged by the sampler's sort).
-            j = torch.cat([j, torch.arange(g, device=device)[None].expand(n, g)], dim=-1)  # (n, T + g)
-        ok = (j >= 0) & (j < m)
-        if self.is_causal:
-            ok &= j <= i + offset
-        ok = ok[None].expand(B, -1, -1)
-        jc = j.clamp(0, m - 1)
-        if key_valid is not None:
-            ok = ok & key_valid[:, jc]
-        if allowed_q is not None:
-            ok = ok & allowed_q[:, :, None]
-        bh = torch.arange(B * H, device=device).view(B, H, 1, 1)
-        ids = (bh * n + i[None, None]) * m + jc[None, None]  # (B, H, n, T)
-        return torch.where(ok[:, None], ids, -1)
+        return StructuralPairs(first=offsets[0] if offsets else 0, diagonals=len(offsets), columns=g)
 
     def fixed_backend(self, sampling: bool) -> str | None:
         """The sampling backend of this call when the memberships do not decide it (`None`: "auto" decides)."""
@@ -266,15 +259,15 @@ class SBMAttention(ZooAttention):
         backend = self.config.sampling_backend
         return None if backend == "auto" else backend
 
-    def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor, sampling: bool) -> str:
+    def choose_backend(self, q_memb, k_memb, blocks, delta: float, pairs: torch.Tensor | float, sampling: bool) -> str:
         backend = self.fixed_backend(sampling)
         if backend is not None:
             return backend
         with torch.no_grad():
             # Σ_ij p_ij = Σ_uv y_u Ŝ_uv z_v: the expected edge count without touching the n × m pairs.
             expected = torch.einsum("bhu,huv,bhv->", q_memb.sum(2), blocks, k_memb.sum(2))
-            total = pairs.sum() * self.num_heads
-            density = float((expected + delta * total) / total.clamp(min=1))
+            total = total_pairs(pairs, q_memb.shape[0]) * self.num_heads
+            density = float((expected + delta * total) / total)
         return "fastrg" if density < self.config.auto_density_threshold else "bernoulli"
 
     @property
@@ -358,18 +351,18 @@ class SBMAttention(ZooAttention):
         else:
             out, weights, counts, attended_counts = self._attend_fastrg(q, k, v, *graph, output_attentions)
 
-        total_pairs = pairs.sum().clamp(min=1.0)
-        # Regulariser on the sampled edges through the straight-through counts: λ times this layer's mean density,
-        # divided by the depth of the stack so that the model's total is λ times the mean over layers.
-        aux_loss = (counts.sum(0) / total_pairs).mean() * (cfg.sparsity_weight / self.num_site_layers)
-        if cfg.sparsity_weight == 0:
-            # Keeps the loss graph (and the STE backward) free of a regulariser that contributes nothing.
-            aux_loss = aux_loss.detach()
-        if not self.training:
-            # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
-            # expanded along dim 0 by beam search).
-            aux_loss = None
-        density = (attended_counts / pairs.clamp(min=1.0)[:, None]).detach()  # (B, H), per example
+        # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
+        # expanded along dim 0 by beam search).
+        aux_loss = None
+        if self.training and cfg.sparsity_weight == 0:
+            # A zero keeps the loss graph (and the STE backward) free of a regulariser that contributes nothing.
+            aux_loss = counts.new_zeros(())
+        elif self.training:
+            # Regulariser on the sampled edges through the straight-through counts: λ times this layer's mean
+            # density, divided by the depth of the stack so that the model's total is λ times the mean over layers.
+            aux_loss = (counts.sum(0) / total_pairs(pairs, B)).mean() * (cfg.sparsity_weight / self.num_site_layers)
+        sequence_pairs = pairs.clamp(min=1.0)[:, None] if isinstance(pairs, torch.Tensor) else max(pairs, 1.0)
+        density = (attended_counts / sequence_pairs).detach()  # (B, H), per example
         return AttentionOutput(hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density)
 
     def _attend_dense_graph(
@@ -452,17 +445,18 @@ class SBMAttention(ZooAttention):
         reserve = None
         if not reads_draw_counts(kernel):
             reserve = functools.partial(self.edge_budget.reserve, pairs=B * H * n * m)
+        # The fused sampler where the edge attention runs the Triton kernels (the same graph as the torch one).
+        sampler = fastrg_sampler(cfg.attention_backend, device) if triton else None
         with torch.no_grad():
-            structural = self.structural_ids(B, n, m, offset, query_valid, key_valid, device)
+            structural = self.structural_pairs(m)
             graph = fastrg_edges(
                 q_memb.detach(), k_memb.detach(), blocks.detach(), delta=delta, query_valid=query_valid,
                 key_valid=key_valid, causal=self.is_causal, query_offset=offset, structural=structural,
-                generator=generator, reserve=reserve,
+                generator=generator, reserve=reserve, kernels=None if sampler is None else FastRGKernels(*sampler),
             )  # fmt: skip
         if reserve is not None:
             self.edge_budget.record(graph, B * H * n * m)
-        rows, cols = graph.rows, graph.cols
-        crow = row_pointers(rows, num_rows)
+        rows, cols, crow = graph.rows, graph.cols, graph.crow
 
         qf, kf, vf = flatten_heads(q), flatten_heads(k), flatten_heads(v)  # (B*H*n, d), (B*H*m, d) twice
 
@@ -488,9 +482,15 @@ class SBMAttention(ZooAttention):
         # A repeated draw of a pair is listed again after its first copy: weight 0.
         logit_bias = logit_bias.masked_fill(graph.duplicate, float("-inf"))
         owner = rows // n  # (b, h) of each edge; B * H on padding
-        counts = torch.zeros(B * H + 1, device=device).index_add(0, owner, ones * graph.sampled)[:-1].view(B, H)
-        attended_counts = torch.zeros(B * H + 1, device=device).index_add_(0, owner, graph.attended.float())
-        attended_counts = attended_counts[:-1].view(B, H)
+        # The sampled counts carry the regulariser's gradient to the edges; without a regulariser (its loss is
+        # detached) they need no autograd graph, which would keep the edges' owners for backward.
+        if cfg.sparsity_weight > 0:
+            flags = torch.stack([ones * graph.sampled, graph.attended.float()], -1)  # (E, 2)
+        else:
+            flags = torch.stack([graph.sampled, graph.attended], -1).float()
+        # sampled and attended edges per (b, h), one pass for both
+        per_head = torch.zeros(B * H + 1, 2, device=device).index_add(0, owner, flags)[:-1]
+        counts, attended_counts = per_head[:, 0].view(B, H), per_head[:, 1].view(B, H)
         dropout_p = self.dropout if self.training else 0.0
         if output_attentions:
             # The dense weights of the real edges (a debugging path: compaction is fine here).

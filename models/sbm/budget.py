@@ -10,9 +10,6 @@ from torch import Tensor
 
 from .fastrg import FastRGGraph, poisson_slots
 
-#: resolution of the expected draw count on its way to the host (it travels in an int64 beside the drawn count)
-_EXPECTED_SCALE = 1024
-
 
 def reads_draw_counts(kernel: str) -> bool:
     """Whether the fastRG sampler reads its draw count from the device to size the edge list exactly, given the
@@ -25,6 +22,12 @@ def reads_draw_counts(kernel: str) -> bool:
     return kernel != "triton"
 
 
+def round_slots(slots: int) -> int:
+    """`slots` rounded up to one of 16 sizes per octave (a multiple of `2^(bit_length - 5)`): at most 6.25% more."""
+    step = 1 << max(slots.bit_length() - 5, 0)
+    return -(-slots // step) * step
+
+
 class EdgeBudget:
     """Slots reserved for one SBM layer's fastRG draws, sized from the layer's earlier calls.
 
@@ -34,8 +37,13 @@ class EdgeBudget:
     an unfinished copy is left for the next call). The reservation is `poisson_slots(headroom * rate * pairs)`, with
     `rate` the expected draws per `(query, key)` pair of the recent calls (the largest, remembered with a decay of
     `decay` per call), so the Poisson noise of the count never exceeds it and the mean may grow by `headroom` from
-    one call to the next. The first call has no history and reads its mean from the device (one wait per layer,
-    once).
+    one call to the next; it is rounded up to one of 16 sizes per octave ([`round_slots`], at most 6.25% more).
+    The first call has no history and reads its mean from the device (one wait per layer, once).
+
+    The rate follows the expected counts only, never the random draw counts: the reservation (hence the padded edge
+    list and the bytes saved for backward) is a function of the weights and inputs of the calls, not of their random
+    draws, and the rounding keeps it the same while the mean drifts a little from one training step to the next. A
+    function of the current call alone would need its mean on the host, which is the wait this class avoids.
 
     A call whose draws exceed its reservation drops the draws past it, so its graph is not fastRG's: the next call
     that reads its counts warns, naming the layer and the counts, and reserves for that call's rate from then on.
@@ -60,13 +68,13 @@ class EdgeBudget:
         self._collect()
         if self.rate is None:
             self.rate = float(expected) / max(pairs, 1)
-        return poisson_slots(self.headroom * self.rate * pairs)
+        return round_slots(poisson_slots(self.headroom * self.rate * pairs))
 
     def record(self, graph: FastRGGraph, pairs: int) -> None:
         """Send a call's expected and drawn counts to the host, without waiting for them."""
-        counts = torch.stack([(graph.expected * _EXPECTED_SCALE).to(torch.int64), graph.drawn])
+        counts = graph.totals[0]  # expected and drawn fastRG draws (fp64: the draws are exact integers)
         if counts.device.type == "cuda":
-            host = torch.empty(2, dtype=torch.int64, pin_memory=True)
+            host = torch.empty(2, dtype=counts.dtype, pin_memory=True)
             host.copy_(counts, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
@@ -83,7 +91,8 @@ class EdgeBudget:
             return
         self._pending = None
         expected, drawn = host.tolist()
-        rate = max(expected / _EXPECTED_SCALE, drawn) / max(pairs, 1)
+        drawn = int(drawn)
+        rate = expected / max(pairs, 1)
         self.rate = rate if self.rate is None else max(rate, self.rate * self.decay)
         if drawn > slots:
             warnings.warn(

@@ -8,6 +8,7 @@ in the environment at import time, `triton.jit` builds interpreter functions tha
 from __future__ import annotations
 
 from .edgelist import _edge_fwd, edge_attention_triton
+from .fastrg import fastrg_edge_list_triton, fastrg_pair_ids_triton
 from .gathered import gathered_attention_triton
 from .interpolated import interpolated_attention_triton
 from .key_slots import key_slot_attention_triton
@@ -25,6 +26,8 @@ __all__ = [
     "csr_sddmm_triton",
     "csr_spmm_pair_triton",
     "edge_attention_triton",
+    "fastrg_edge_list_triton",
+    "fastrg_pair_ids_triton",
     "gathered_attention_triton",
     "interpolated_attention_triton",
     "interpreted",
