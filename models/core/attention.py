@@ -11,9 +11,10 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
-from ..kernels import dense_masked_attention
+from ..kernels import dense_attention, dense_masked_attention
 from .attention_interface import implementation_of, interface_attention, takes_causal_flag
 from .configuration import ZooConfig
 from .global_tokens import global_count, global_query_rows, splice_rows
@@ -35,12 +36,16 @@ class AttentionOutput:
         density (`torch.Tensor` of shape `(batch, heads)`, *optional*):
             Fraction of each example's valid (query, key) pairs each head attended to (per example, so that an
             example's outputs never depend on the rest of its batch); `None` for dense attention.
+        global_rows (`torch.Tensor` of shape `(batch, heads, g, head_dim)`, *optional*):
+            Inside the attention module only: the global queries' rows, which replace the first `g` rows of the
+            head-split `hidden_states` when the heads are merged ([`ZooAttention.finish`]).
     """
 
     hidden_states: torch.Tensor
     attn_weights: torch.Tensor | None = None
     aux_loss: torch.Tensor | None = None
     density: torch.Tensor | None = None
+    global_rows: torch.Tensor | None = None
 
 
 class ZooAttention(nn.Module):
@@ -181,10 +186,37 @@ class ZooAttention(nn.Module):
         return self.finish(self.with_global_rows(out, q, k, v, key_valid), hidden_states)
 
     def finish(self, out: AttentionOutput, hidden_states: torch.Tensor) -> AttentionOutput:
-        """Merge the heads of `out.hidden_states` `(B, H, Nq, d)` and apply the output projection."""
-        merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
-        out.hidden_states = self.o_proj(merged)
+        """Merge the heads of `out.hidden_states` `(B, H, Nq, d)`, with `out.global_rows` spliced in (see
+        [`with_global_rows`]), and apply the output projection."""
+        rows, out.global_rows = out.global_rows, None
+        if rows is None:
+            merged = out.hidden_states.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
+            out.hidden_states = self.o_proj(merged)
+        elif torch.is_grad_enabled() and (out.hidden_states.requires_grad or rows.requires_grad):
+            # The spliced tensor is what the output projection keeps for its backward: a second copy of the attention
+            # output next to the one the attention kernel keeps. Recomputed in backward instead (one `cat`).
+            out.hidden_states = checkpoint(
+                self._splice_and_project, out.hidden_states, rows, use_reentrant=False, preserve_rng_state=False
+            )  # no randomness inside: no RNG state to restore
+        else:
+            out.hidden_states = self._splice_and_project(out.hidden_states, rows)
         return out
+
+    @staticmethod
+    def head_split_output(out: AttentionOutput) -> torch.Tensor:
+        """The head-split output `(B, H, Nq, d)` that [`finish`] merges: `out.hidden_states` with `out.global_rows`
+        (if any) in its first rows."""
+        if out.global_rows is None:
+            return out.hidden_states
+        return torch.cat([out.global_rows, out.hidden_states[:, :, out.global_rows.shape[2] :]], dim=2)
+
+    def _splice_and_project(self, full: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """`o_proj` of the merged heads of `full` `(B, H, N, d)` with its first `g` rows from `rows` `(B, H, g, d)`."""
+        B, H, N, d = full.shape
+        # One write in token-major layout (B, N, H, d), so that the heads merge as a view (a head-major splice would
+        # be copied a second time to merge them).
+        merged = torch.cat([rows.transpose(1, 2), full[:, :, rows.shape[2] :].transpose(1, 2)], dim=1)
+        return self.o_proj(merged.view(B, N, H * d))
 
     @property
     def max_row_weight(self) -> float:
@@ -202,9 +234,22 @@ class ZooAttention(nn.Module):
         """Replace the global queries' rows of the method's (head-split) output by dense attention over every key.
 
         The method itself adds the global keys to every query's key set (in `attend`, through `core.global_tokens`).
+        The rows come from [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op and its
+        backward, no materialised fp32 softmax) and are spliced in when the heads merge ([`finish`]). With returned
+        weights, or attention dropout in training (whose mask the reference draws from the weights it
+        materialises), the materialised rows are spliced here instead.
         """
         g = self.global_positions(k.shape[2])
         if g == 0:
+            return out
+        if out.attn_weights is None and not (self.training and self.dropout > 0.0):
+            mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
+            rows = dense_attention(q[:, :, :g], k, v, mask, scale=self.scaling, backend=self.config.attention_backend)
+            head = rows.to(out.hidden_states.dtype)  # (B, H, g, d)
+            if key_valid is not None:
+                # A global position that is padding is no global query: its row stays the method's.
+                head = torch.where(key_valid[:, None, :g, None], head, out.hidden_states[:, :, :g])
+            out.global_rows = head
             return out
         rows, weights = global_query_rows(
             q,

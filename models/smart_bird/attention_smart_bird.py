@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import append_global_slots
-from ..kernels import dense_attention, gathered_attention
+from ..kernels import gathered_attention
 from .configuration_smart_bird import SmartBirdConfig
 from .sampling import resolve_sampling_method, sample_keys
 
@@ -18,15 +15,6 @@ def sampled_length(key_valid: torch.Tensor) -> int:
     """Length an example's keys are sampled over in eval: up to its last real token (`key_valid`: `(N,)` bool)."""
     real = key_valid.nonzero()
     return int(real[-1]) + 1 if real.numel() else 0
-
-
-@dataclass
-class GlobalRowsOutput(AttentionOutput):
-    """[`AttentionOutput`] whose `hidden_states` `(B, H, N, d)` still hold the method's rows of the global queries:
-    `global_head` `(B, H, g, d)` replaces them when the heads are merged and projected ([`SmartBirdAttention.finish`]).
-    """
-
-    global_head: torch.Tensor | None = None
 
 
 class SmartBirdAttention(ZooAttention):
@@ -143,54 +131,6 @@ class SmartBirdAttention(ZooAttention):
             backend=self.config.attention_backend,
         )  # fmt: skip
         return AttentionOutput(hidden_states=out, density=density)
-
-    def with_global_rows(
-        self, out: AttentionOutput, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None
-    ) -> AttentionOutput:
-        """The global queries' rows by [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op
-        and its backward instead of a materialised fp32 softmax), spliced in when the heads merge ([`finish`]).
-
-        With returned weights, or attention dropout in training (the reference's dropout draws its mask from the
-        weights it materialises), the shared materialised rows of `ZooAttention` run instead.
-        """
-        g = self.global_positions(k.shape[2])
-        if g == 0 or out.attn_weights is not None or (self.training and self.dropout > 0.0):
-            return super().with_global_rows(out, q, k, v, key_valid)
-        mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
-        rows = dense_attention(q[:, :, :g], k, v, mask, scale=self.scaling, backend=self.config.attention_backend)
-        full = out.hidden_states  # (B, H, N, d)
-        head = rows.to(full.dtype)  # (B, H, g, d)
-        if key_valid is not None:
-            # A global position that is padding is no global query: its row stays the method's.
-            head = torch.where(key_valid[:, None, :g, None], head, full[:, :, :g])
-        return GlobalRowsOutput(hidden_states=full, density=out.density, global_head=head)
-
-    def finish(self, out: AttentionOutput, hidden_states: torch.Tensor) -> AttentionOutput:
-        """Merge the heads, with the global rows of [`with_global_rows`] spliced in, and project them.
-
-        The spliced tensor is what the output projection would keep for its backward, a second copy of the attention
-        output next to the one the attention kernel keeps: it is recomputed in backward instead (one `cat`), so the
-        layer keeps what a dense layer keeps plus the sampled slots.
-        """
-        head = getattr(out, "global_head", None)
-        if head is None:
-            return super().finish(out, hidden_states)
-        out = AttentionOutput(hidden_states=out.hidden_states, density=out.density)
-        if torch.is_grad_enabled() and (out.hidden_states.requires_grad or head.requires_grad):
-            out.hidden_states = checkpoint(
-                self._splice_and_project, out.hidden_states, head, use_reentrant=False, preserve_rng_state=False
-            )  # no randomness inside: nothing to restore
-        else:
-            out.hidden_states = self._splice_and_project(out.hidden_states, head)
-        return out
-
-    def _splice_and_project(self, full: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """`o_proj` of the merged heads of `full` `(B, H, N, d)`, its first `g` rows from `head` `(B, H, g, d)`."""
-        B, H, N, d = full.shape
-        # One write in token-major layout (B, N, H, d), so the heads merge as a view, where a head-major splice
-        # would be copied a second time to merge them.
-        merged = torch.cat([head.transpose(1, 2), full[:, :, head.shape[2] :].transpose(1, 2)], dim=1)
-        return self.o_proj(merged.view(B, N, H * d))
 
     @staticmethod
     def _density(valid: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:

@@ -62,7 +62,8 @@ def _methods(attention, q, k, v, block_sizes: list[tuple[int, int]]) -> dict[str
     def path(backend: str) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
             attention.config.attention_backend = backend
-            return attention.with_global_rows(attention.attend(q, k, v, None), q, k, v, None).hidden_states
+            out = attention.with_global_rows(attention.attend(q, k, v, None), q, k, v, None)
+            return attention.head_split_output(out)  # the global rows spliced in
 
         return run
 

@@ -124,7 +124,8 @@ def flex_on_this_device(monkeypatch):
 def _attend(attention, q, k, v, key_valid, backend):
     attention.config.attention_backend = backend
     out = attention.attend(q, k, v, key_valid)
-    return attention.with_global_rows(out, q, k, v, key_valid).hidden_states  # the core adds the global rows
+    # The core adds the global rows (spliced in when the heads merge).
+    return attention.head_split_output(attention.with_global_rows(out, q, k, v, key_valid))
 
 
 # Interleaved layers alternate the two sub-patterns: both layers of each.
@@ -305,7 +306,9 @@ def test_compiled_flex_on_cpu_equals_reference_through_the_tiles():
         )
         pq, pk, pv = (layout.permutation.apply(x) for x in (q, k, v))
         out = layout.permutation.undo(compiled(pq, pk, pv, block_mask=block_mask, scale=attention.scaling))
-        out = attention.with_global_rows(st_attention.FlexAttentionOutput(out), q, k, v, valid).hidden_states
+        out = attention.head_split_output(
+            attention.with_global_rows(st_attention.FlexAttentionOutput(out), q, k, v, valid)
+        )
         expected = _attend(attention, q, k, v, valid, "reference")
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
