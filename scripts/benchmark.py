@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--proxies",
         action="store_true",
         help=f"instead of timing: the CPU proxies of GPU speed and memory per encoder layer of --rows (default: "
-        f"{' '.join(PROXY_ROWS)}) at --proxy-length",
+        f"{' '.join(PROXY_ROWS).replace('%', '%%')}) at --proxy-length",  # argparse formats % in help
     )
     parser.add_argument("--proxy-length", type=int, default=PROXY_LENGTH, help="sequence length of the proxies")
     parser.add_argument("--output-dir", default="benchmark_results")
