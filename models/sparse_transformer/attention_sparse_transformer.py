@@ -284,11 +284,10 @@ def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
     batch, heads, length, dim = q.shape
     stride = spec.stride
     blocks, padded, width, after = _blocks(length, spec)
-    # Key window of block b covers positions (b - 1) * l ... (b - 1) * l + width - 1.
-    k_win = F.pad(k, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)  # (B, h, nb, w, d)
-    v_win = F.pad(v, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)
     # The heads go into SDPA's batch dimension and the blocks into its head dimension, so that the cached bias of a
-    # batch without padding broadcasts over the heads instead of being repeated for each.
+    # batch without padding broadcasts over the heads instead of being repeated for each. The cached lookups come
+    # first: under torch.compile each is a graph break, and an overlapping window view of k or v crossing a graph
+    # break gets wrong gradients from AOTAutograd (measured: compiled dK, dV off by up to 1.5, eager exact).
     mask, bias = None, None
     if key_valid is None:
         bias = structure_bias("local", length, spec, 1, q.dtype, q.device)  # (1, nb, l, w + g)
@@ -297,6 +296,9 @@ def local_window_attention(q, k, v, key_valid, spec: PatternSpec, dropout_p: flo
         mask = window_structure(length, spec, q.device)[None] & keys_valid[:, :, None, :]  # (B, nb, l, w + g)
         mask = mask[:, None].expand(-1, heads, -1, -1, -1).reshape(batch * heads, *mask.shape[1:])
     g = _global_count(spec, length)
+    # Key window of block b covers positions (b - 1) * l ... (b - 1) * l + width - 1.
+    k_win = F.pad(k, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)  # (B, h, nb, w, d)
+    v_win = F.pad(v, (0, 0, stride, after)).unfold(2, width, stride).transpose(-1, -2)
     out = _sdpa(
         _pad_length(q, padded).reshape(batch * heads, blocks, stride, dim),
         _key_groups(k_win, k, g).view(batch * heads, blocks, width + g, dim),
