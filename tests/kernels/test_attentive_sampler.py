@@ -13,6 +13,7 @@ import torch
 
 from attnzoo.smart_bird.philox import counter_noise_rows, philox4x32
 from attnzoo.smart_bird.sampling import sample_keys, sample_keys_reference, score_bounds, sketch_logits
+from triton_devices import TRITON_DEVICES as DEVICES
 
 pytest.importorskip("triton")
 from attnzoo.kernels.triton.sampling import (  # noqa: E402  (after the importorskip)
@@ -21,14 +22,6 @@ from attnzoo.kernels.triton.sampling import (  # noqa: E402  (after the importor
     attentive_sample_triton,
 )
 
-DEVICES = [
-    pytest.param(
-        "cpu",
-        id="interpreter",
-        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernels compile instead"),
-    ),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
 #: more query rows and keys than one interpreted block and tile hold
 N, K = _INTERPRETED_BLOCK_N + 22, 3
 assert N > _INTERPRETED_BLOCK_M

@@ -15,18 +15,11 @@ import attnzoo.sbm.fastrg as fastrg
 import attnzoo.sbm.sampling as sampling
 from attnzoo.kernels.dispatch import fastrg_sampler
 from attnzoo.sbm.fastrg import FastRGKernels, StructuralPairs, edges_from_sorted_ids, fastrg_edges
+from triton_devices import TRITON_DEVICES as DEVICES
 
 pytest.importorskip("triton")
 import attnzoo.kernels.triton.fastrg as kernel  # noqa: E402  (after the importorskip)
 
-DEVICES = [
-    pytest.param(
-        "cpu",
-        id="interpreter",
-        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernels compile instead"),
-    ),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
 FIELDS = ("rows", "cols", "sampled", "duplicate", "attended", "crow")
 B, H, N, M, K = 2, 3, 37, 41, 8
 

@@ -14,17 +14,10 @@ import torch
 
 from attnzoo.kernels import interpolated_attention
 from attnzoo.kernels.interpolated import check_interpolated, real_neighbours
+from triton_devices import TRITON_DEVICES as DEVICES
 
 pytest.importorskip("triton")
 
-DEVICES = [
-    pytest.param(
-        "cpu",
-        id="interpreter",
-        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernels compile instead"),
-    ),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
 B, H, NK, D, K = 2, 2, 14, 8, 3
 
 

@@ -10,17 +10,10 @@ import pytest
 import torch
 
 from attnzoo.kernels import edge_attention, edge_attention_reference, gathered_attention, gathered_attention_reference
+from triton_devices import TRITON_DEVICES as DEVICES
 
 pytest.importorskip("triton")
 
-DEVICES = [
-    pytest.param(
-        "cpu",
-        id="interpreter",
-        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the kernels compile instead"),
-    ),
-    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
-]
 B, H, NQ, NK, D, K = 2, 2, 9, 11, 12, 4
 R, C = 13, 10
 HALF = [(torch.bfloat16, 5e-2), (torch.float16, 6e-3)]

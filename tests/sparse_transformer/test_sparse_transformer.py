@@ -110,6 +110,16 @@ def _run(attention, q, k, v, key_valid, backend):
     return attention.attend(q, k, v, key_valid).hidden_states
 
 
+def _assert_fast_equals_reference(attention, q, k, v, key_valid, grad):
+    """`attend` on the fast path equals it on the reference path: outputs and the gradients of q, k and v."""
+    results = []
+    for backend in ("fast", "reference"):
+        out = _run(attention, q, k, v, key_valid, backend)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    for fast, ref in zip(*results, strict=True):
+        torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize(
     ("pattern", "assignment", "causal", "n"),
     [
@@ -145,20 +155,9 @@ def test_fast_path_equals_reference_forward_and_backward(pattern, assignment, ca
     key_valid[1, n - 11 :] = False
     key_valid[0, 1] = False  # a padded key among the global ones
     grad = torch.randn(2, 4, n, 8, dtype=torch.float64)
-    results = []
-    for backend in ("fast", "reference"):
-        out = _run(attention, q, k, v, key_valid, backend)
-        grads = torch.autograd.grad(out, (q, k, v), grad)
-        results.append((out, *grads))
-    for fast, ref in zip(*results, strict=True):
-        torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+    _assert_fast_equals_reference(attention, q, k, v, key_valid, grad)
     # Without any padding the mask-free SDPA calls and the cached pattern biases run.
-    results = []
-    for backend in ("fast", "reference"):
-        out = _run(attention, q, k, v, None, backend)
-        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
-    for fast, ref in zip(*results, strict=True):
-        torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+    _assert_fast_equals_reference(attention, q, k, v, None, grad)
 
 
 @pytest.mark.parametrize(
@@ -378,12 +377,7 @@ def test_lra_preset_fast_path_equals_reference():
     key_valid = torch.ones(2, n, dtype=torch.bool)
     key_valid[1, 170:] = False
     grad = torch.randn(2, 4, n, 8, dtype=torch.float64)
-    results = []
-    for backend in ("fast", "reference"):
-        out = _run(attention, q, k, v, key_valid, backend)
-        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
-    for fast, ref in zip(*results, strict=True):
-        torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+    _assert_fast_equals_reference(attention, q, k, v, key_valid, grad)
 
 
 @pytest.mark.parametrize(
