@@ -19,6 +19,7 @@ shift || true
 PY="${PYTHON:-python3}"
 TORCH_VERSION="${ATTNZOO_TORCH_VERSION:-2.13.0}"
 # The default suite runs on two processes: the machine the project is developed and tested on has two cores.
+# `--dist loadgroup`: tests marked `xdist_group` share one process (and their module's expensive fixture).
 WORKERS="${PYTEST_WORKERS:-2}"
 # Lower end of `transformers>=...` in pyproject.toml; CI tests both ends of the range.
 OLDEST_TRANSFORMERS="5.17.0"
@@ -51,12 +52,12 @@ case "$task" in
     test)
         setup_venv .venv
         .venv/bin/python -c "import transformers, torch; print(f'transformers {transformers.__version__}, torch {torch.__version__}')"
-        .venv/bin/python -m pytest -n "$WORKERS" "$@"
+        .venv/bin/python -m pytest -n "$WORKERS" --dist loadgroup "$@"
         ;;
     test-oldest)
         setup_venv .venv-oldest "transformers==$OLDEST_TRANSFORMERS"
         .venv-oldest/bin/python -c "import transformers, torch; print(f'transformers {transformers.__version__}, torch {torch.__version__}')"
-        .venv-oldest/bin/python -m pytest -n "$WORKERS" "$@"
+        .venv-oldest/bin/python -m pytest -n "$WORKERS" --dist loadgroup "$@"
         ;;
     test-wheel)
         setup_venv .venv

@@ -36,6 +36,10 @@ from source_checkout import load_script
 TINY = ModelSize(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 
 
+# The module's end-to-end run (`tiny_run`, about 30 s of memory subprocesses) happens once, in one test process.
+pytestmark = pytest.mark.xdist_group("benchmark-tiny-run")
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """One end-to-end run of the script: dense family and BERT (sdpa), N=64/128, memory subprocesses at N=64."""
