@@ -15,7 +15,7 @@ def test_sst2_accuracy_is_within_five_points_of_dense():
     # K=8 keeps the attention sparse on most SST-2 sentences (the tiny config's K=20 would cover many of them).
     steps = 300
     smart = train_and_eval_sst2("smart_bird", {"num_samples": 8}, steps=steps, seed=0)["accuracy"]
-    dense = train_and_eval_sst2("dense", {}, steps=steps, seed=0)["accuracy"]
+    dense = train_and_eval_sst2("dense_transformer", {}, steps=steps, seed=0)["accuracy"]
     assert smart > 0.65, smart
     assert smart >= dense - 0.05, (smart, dense)
 

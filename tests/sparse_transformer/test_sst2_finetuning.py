@@ -14,7 +14,7 @@ SEEDS = (0, 1, 2)
 
 @functools.lru_cache(maxsize=1)
 def dense_accuracy() -> float:
-    return mean_sst2_accuracy("dense", {}, seeds=SEEDS)
+    return mean_sst2_accuracy("dense_transformer", {}, seeds=SEEDS)
 
 
 @pytest.mark.slow
