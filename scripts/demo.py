@@ -274,7 +274,7 @@ def imdb_runs(args: argparse.Namespace, log_every: int) -> dict[str, Any]:
     review: the same model size, budget, seed and held-out reviews."""
     size = evaluation.ModelSize(args.hidden_size, 2, 4, 4 * args.hidden_size)
     # A short budget that every family learns in: 400 steps at 1e-3 (from scratch the loss sits at log 2 for the first
-    # 1,000 or so reviews; at 3e-3 and 200 steps FSAT stayed there, at 2,048 tokens and 1e-3 it reached 68%), and
+    # 1,000 or so reviews; with 200 steps at 2,048 tokens FSAT stayed there at 3e-3 and reached 68% at 1e-3), and
     # batches of similar lengths (less padding: quicker steps). The results say how many held-out reviews each length
     # truncates.
     budget = evaluation.Budget(
