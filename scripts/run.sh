@@ -19,7 +19,6 @@ shift || true
 PY="${PYTHON:-python3}"
 TORCH_VERSION="${ATTNZOO_TORCH_VERSION:-2.13.0}"
 # The default suite runs on two processes: the machine the project is developed and tested on has two cores.
-# `--dist loadgroup`: tests marked `xdist_group` share one process (and their module's expensive fixture).
 WORKERS="${PYTEST_WORKERS:-2}"
 # Lower end of `transformers>=...` in pyproject.toml; CI tests both ends of the range.
 OLDEST_TRANSFORMERS="5.17.0"
@@ -52,12 +51,12 @@ case "$task" in
     test)
         setup_venv .venv
         .venv/bin/python -c "import transformers, torch; print(f'transformers {transformers.__version__}, torch {torch.__version__}')"
-        .venv/bin/python -m pytest -n "$WORKERS" --dist loadgroup "$@"
+        .venv/bin/python -m pytest -n "$WORKERS" "$@"
         ;;
     test-oldest)
         setup_venv .venv-oldest "transformers==$OLDEST_TRANSFORMERS"
         .venv-oldest/bin/python -c "import transformers, torch; print(f'transformers {transformers.__version__}, torch {torch.__version__}')"
-        .venv-oldest/bin/python -m pytest -n "$WORKERS" --dist loadgroup "$@"
+        .venv-oldest/bin/python -m pytest -n "$WORKERS" "$@"
         ;;
     test-wheel)
         setup_venv .venv

@@ -40,11 +40,9 @@ from attnzoo.kernels.flex import flex_block_attention
 from source_checkout import load_script
 
 pytest.importorskip("triton")
-pytestmark = [
-    pytest.mark.skipif(torch.cuda.is_available(), reason="CPU proxies (on CUDA the GPU command counts the real run)"),
-    # One test process measures each row once (the session fixture below), not each process that gets some cases.
-    pytest.mark.xdist_group("gpu-proxies"),
-]
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU proxies (on CUDA the GPU command counts the real run)"
+)
 
 
 @dataclass(frozen=True)
