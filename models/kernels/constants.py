@@ -15,12 +15,24 @@ import torch
 Builder = TypeVar("Builder", bound=Callable[..., torch.Tensor])
 
 
+def _memo(builder: Builder) -> Callable[..., torch.Tensor]:
+    """`builder` cached on its (hashable) arguments, built outside autograd and inference mode (so that any caller,
+    a later training step's autograd included, may read it)."""
+    memo = functools.lru_cache(maxsize=64)(builder)
+
+    def build(*args):
+        with torch.inference_mode(False), torch.no_grad():
+            return memo(*args)
+
+    return build
+
+
 def cached_constant(builder: Builder) -> Builder:
     """Decorator: `builder(*args)` (hashable arguments, a `torch.device` among them) built once and then shared.
 
     The cached tensor is built outside autograd and inference mode, so that any caller may read it; callers must not
     write to it. Under `torch.compile` the builder runs as written (dynamo would bypass a cache and warn): the graph
-    then holds the constant.
+    then holds the constant, with no graph break.
 
     Args:
         builder (`Callable[..., torch.Tensor]`): a pure function of its arguments.
@@ -28,13 +40,24 @@ def cached_constant(builder: Builder) -> Builder:
     Returns:
         The cached builder.
     """
-    memo = functools.lru_cache(maxsize=64)(builder)
+    build = _memo(builder)
 
     @functools.wraps(builder)
     def get(*args):
-        if torch.compiler.is_compiling():
-            return builder(*args)
-        with torch.inference_mode(False), torch.no_grad():
-            return memo(*args)
+        return builder(*args) if torch.compiler.is_compiling() else build(*args)
 
     return get  # type: ignore[return-value]
+
+
+def host_cached_constant(builder: Builder) -> Builder:
+    """[`cached_constant`] for builders that must not be traced: ones that wait for the device while building (a
+    selection, a `unique`) or build objects dynamo does not trace (a BlockMask). Under `torch.compile` the lookup is a
+    host-side call (a graph break) instead of the builder traced into every graph.
+
+    Args:
+        builder (`Callable[..., Any]`): a pure function of its (hashable) arguments.
+
+    Returns:
+        The cached builder.
+    """
+    return torch.compiler.disable(functools.wraps(builder)(_memo(builder)))  # type: ignore[return-value]

@@ -9,7 +9,6 @@ the global columns `j < num_global`.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from typing import TypeVar
 
 import torch
 from torch import Tensor
+
+from ..kernels.constants import host_cached_constant
 
 #: the two sub-patterns (A1, A2) of each pattern
 SUB_PATTERNS = {"strided": ("local", "residue"), "fixed": ("block", "summary")}
@@ -121,21 +122,10 @@ def device_cache(builder: Callable[..., _R]) -> Callable[..., _R]:
 
     The builders make them on the device itself, so that no forward copies host data to the device (a synchronising
     copy on CUDA) or selects with a boolean mask: whatever waits for the device while building (a selection, a
-    `unique`) does so once per cache entry. The hot path then reads them without building anything. They are built
-    outside inference mode, since autograd may save them (indices, BlockMasks) in a later training step; and under
-    `torch.compile` the lookup stays a host-side call (dynamo would otherwise bypass the cache and trace the builder
-    into every graph).
+    `unique`) does so once per cache entry. The hot path then reads them without building anything. Under
+    `torch.compile` the lookup is a host-side call ([`~attnzoo.kernels.constants.host_cached_constant`]).
     """
-    cached = functools.lru_cache(maxsize=64)(builder)
-
-    @torch.compiler.disable
-    @functools.wraps(builder)
-    def lookup(*args):
-        with torch.inference_mode(False):
-            return cached(*args)
-
-    lookup.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
-    return lookup
+    return host_cached_constant(builder)
 
 
 def filled_table(values: Sequence[int], device: torch.device) -> Tensor:
