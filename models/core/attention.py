@@ -39,6 +39,10 @@ class AttentionOutput:
         global_rows (`torch.Tensor` of shape `(batch, heads, g, head_dim)`, *optional*):
             Inside the attention module only: the global queries' rows, which replace the first `g` rows of the
             head-split `hidden_states` when the heads are merged ([`ZooAttention.finish`]).
+        inputs (`tuple` of three `torch.Tensor` of shape `(batch, heads, len, head_dim)`, *optional*):
+            Inside the attention module only: the queries, keys and values as the method laid them out for its
+            kernel (head-split views of the copies the kernel keeps for backward). The global rows read these, so
+            that the projections' own layout is not kept alive for backward next to the kernel's copies.
     """
 
     hidden_states: torch.Tensor
@@ -46,6 +50,7 @@ class AttentionOutput:
     aux_loss: torch.Tensor | None = None
     density: torch.Tensor | None = None
     global_rows: torch.Tensor | None = None
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class ZooAttention(nn.Module):
@@ -237,8 +242,12 @@ class ZooAttention(nn.Module):
         The rows come from [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op and its
         backward, no materialised fp32 softmax) and are spliced in when the heads merge ([`finish`]). With returned
         weights, or attention dropout in training (whose mask the reference draws from the weights it
-        materialises), the materialised rows are spliced here instead.
+        materialises), the materialised rows are spliced here instead. They read `out.inputs` in place of `q`, `k`,
+        `v` when the method set it.
         """
+        if out.inputs is not None:
+            q, k, v = out.inputs  # the same values, in the layout the method's kernel keeps
+            out.inputs = None
         g = self.global_positions(k.shape[2])
         if g == 0:
             return out

@@ -61,3 +61,10 @@ def host_cached_constant(builder: Builder) -> Builder:
         The cached builder.
     """
     return torch.compiler.disable(functools.wraps(builder)(_memo(builder)))  # type: ignore[return-value]
+
+
+@cached_constant
+def scalar(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor holding `value` (a Python scalar given to `torch.where` is wrapped into a new tensor on every
+    call; this one is made once per device)."""
+    return torch.full((), value, dtype=dtype, device=device)

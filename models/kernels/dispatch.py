@@ -331,6 +331,7 @@ def edge_attention(
     keep: Tensor | None = None,
     sorted_rows: bool = False,
     padded: bool = False,
+    crow: Tensor | None = None,
     generator: torch.Generator | None = None,
     backend: str = "fast",
 ) -> Tensor:
@@ -346,8 +347,8 @@ def edge_attention(
         q (`torch.Tensor` of shape `(R, d)`): flattened query rows.
         k (`torch.Tensor` of shape `(C, d)`): flattened key rows.
         v (`torch.Tensor` of shape `(C, d)`): flattened value rows.
-        rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, in `[0, R)`.
-        cols (`torch.LongTensor` of shape `(E,)`): key row of each edge, in `[0, C)`.
+        rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, in `[0, R)` (int64, or int32).
+        cols (`torch.LongTensor` of shape `(E,)`): key row of each edge, in `[0, C)` (int64, or int32).
         logit_bias (`torch.Tensor` of shape `(E,)`, *optional*): added to the scaled logit (differentiable).
         edge_weight (`torch.Tensor` of shape `(E,)`, *optional*): multiplies the normalised probability after the
             softmax, without renormalisation (differentiable).
@@ -359,6 +360,9 @@ def edge_attention(
         padded (`bool`, *optional*, defaults to `False`): edges whose row is `R` (one past the last) are padding and
             ignored, so that a caller can keep an edge list of a size fixed in advance. The Triton kernel never reads
             them (its row pointers end before them: no host sync); the other implementations drop them first.
+        crow (`torch.LongTensor` of shape `(R + 1,)`, *optional*): the row pointers of the sorted `rows` (`crow[r]`:
+            the edges of the rows below `r`), when the caller has them: the Triton kernel reads them instead of
+            searching `rows` for them. Requires `sorted_rows`.
         generator (`torch.Generator`, *optional*): RNG for the dropout mask.
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
@@ -366,9 +370,15 @@ def edge_attention(
         `torch.Tensor` of shape `(R, d)` in the dtype of the inputs.
     """
     check_edges(q, k, v, rows, cols, logit_bias, edge_weight, keep, padded=padded)
+    if crow is not None and (not sorted_rows or crow.shape != (q.shape[0] + 1,)):
+        raise ValueError(f"crow must come with sorted_rows=True and have shape ({q.shape[0] + 1},), got "
+                         f"sorted_rows={sorted_rows} and {tuple(crow.shape)}")  # fmt: skip
     if keep is None and training and dropout_p > 0.0:
         keep = sample_keep_mask((rows.shape[0],), dropout_p, q.device, generator)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    if implementation != "triton":
+        # The torch implementations index with int64 (a no-op for int64 indices).
+        rows, cols = rows.long(), cols.long()
     if padded and implementation != "triton":
         # Boolean compaction (a host sync on an accelerator, which only the Triton path needs to avoid).
         real = rows < q.shape[0]
@@ -380,7 +390,7 @@ def edge_attention(
         return edge_attention_reference_with_mask(q, k, v, rows, cols, **kwargs)
     if implementation == "torch":
         return edge_attention_with_mask(q, k, v, rows, cols, sorted_rows=sorted_rows, **kwargs)
-    return _triton_kernels().edge_attention_triton(q, k, v, rows, cols, sorted_rows=sorted_rows, **kwargs)
+    return _triton_kernels().edge_attention_triton(q, k, v, rows, cols, sorted_rows=sorted_rows, crow=crow, **kwargs)
 
 
 def edge_attention_reference(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, **kwargs) -> Tensor:

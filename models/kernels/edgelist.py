@@ -31,8 +31,8 @@ def check_edges(
             "their width d, and k and v their number of rows"
         )
     check_one_dtype(q, k, v)
-    if rows.dtype != torch.int64 or cols.dtype != torch.int64:
-        raise TypeError("rows and cols must be int64")
+    if rows.dtype not in (torch.int32, torch.int64) or cols.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"rows and cols must be int64 or int32, got {rows.dtype} and {cols.dtype}")
     if rows.shape != cols.shape or rows.dim() != 1:
         raise ValueError(f"rows and cols must be 1-D of equal length, got {tuple(rows.shape)}, {tuple(cols.shape)}")
     for t in edge_tensors:

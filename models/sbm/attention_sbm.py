@@ -123,9 +123,10 @@ class SBMAttention(ZooAttention):
 
     # ----- selection -------------------------------------------------------------------------------------------
 
-    def block_matrix(self) -> torch.Tensor:
-        """`Ŝ` of every head, `(H, k, k)`, a softmax over all k² entries of `C Cᵀ` (so every `p_ij` is in [0, 1])."""
-        clusters = self.clusters.float()
+    def block_matrix(self, clusters: torch.Tensor | None = None) -> torch.Tensor:
+        """`Ŝ` of every head, `(H, k, k)`, a softmax over all k² entries of `C Cᵀ` (so every `p_ij` is in [0, 1]);
+        `clusters`: the fp32 cluster embeddings, if the caller has them."""
+        clusters = self.clusters.float() if clusters is None else clusters
         logits = clusters @ clusters.transpose(-1, -2)  # (H, k, k)
         return logits.flatten(1).softmax(-1).view_as(logits)
 
@@ -134,13 +135,27 @@ class SBMAttention(ZooAttention):
         token's clusters are about its content; the rotation, which the logits keep, already carries the offsets)."""
         return apply_rotary(x, inverse=True) if self.rotary else x
 
-    def memberships(self, x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        """`σ(MLP(x) Cᵀ)` in fp32, `(B, H, N, k)`; rows of padded positions are zero (they get no edge)."""
+    def memberships(
+        self, x: torch.Tensor, valid: torch.Tensor | None, clusters: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`σ(MLP(x) Cᵀ)` in fp32, `(B, H, N, k)`; rows of padded positions are zero (they get no edge). `clusters`:
+        the fp32 cluster embeddings, if the caller has them."""
         param_dtype = self.clusters.dtype
         hidden = self.membership_mlp(x.to(param_dtype)).float()
-        logits = hidden @ self.clusters.float().transpose(-1, -2)[None]  # (B, H, N, k)
+        clusters = self.clusters.float() if clusters is None else clusters
+        logits = hidden @ clusters.transpose(-1, -2)[None]  # (B, H, N, k)
         memb = torch.sigmoid(logits + self.config.membership_logit_bias)
         return memb if valid is None else memb * valid[:, None, :, None]
+
+    def selection(
+        self, q: torch.Tensor, k: torch.Tensor, query_valid: torch.Tensor | None, key_valid: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(Q̂, K̂, Ŝ)`: the memberships of the queries `(B, H, n, k)` and keys `(B, H, m, k)` and the block matrix
+        `(H, k, k)`, in fp32 (the cluster embeddings cast once for the three)."""
+        clusters = self.clusters.float()  # (H, k, d)
+        q_memb = self.memberships(self.unrotated(q), query_valid, clusters)
+        k_memb = self.memberships(self.unrotated(k), key_valid, clusters)
+        return q_memb, k_memb, self.block_matrix(clusters)
 
     def allowed_pairs(
         self, key_valid: torch.Tensor | None, query_valid: torch.Tensor | None, n: int, m: int, offset: int, device
@@ -337,19 +352,24 @@ class SBMAttention(ZooAttention):
         sampling = self.training or cfg.sample_at_eval
         # fastRG's estimator recomputes the memberships in backward: no autograd graph for them here ("auto" builds
         # one, dropped at the end of this call when it picks fastRG).
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self.fixed_backend(sampling) != "fastrg"):
-            q_memb = self.memberships(self.unrotated(q), query_valid)  # (B, H, n, k)
-            k_memb = self.memberships(self.unrotated(k), key_valid)  # (B, H, m, k)
-            blocks = self.block_matrix()  # (H, k, k)
+        fixed = self.fixed_backend(sampling)
+        if fixed == "fastrg":
+            # The edge attention reads flat head-major rows: q, k and v are copied into that layout once, here, so
+            # that the memberships read them as they are (a linear layer would copy a head-split view first) and
+            # the global rows keep the edge attention's copies (`AttentionOutput.inputs`).
+            q, k, v = (unflatten_heads(flatten_heads(t), B, H, t.shape[2]) for t in (q, k, v))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and fixed != "fastrg"):
+            q_memb, k_memb, blocks = self.selection(q, k, query_valid, key_valid)  # (B, H, n | m, k), (H, k, k)
         pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
         delta = float(cfg.exploration_delta) if (self.training or cfg.exploration_at_eval) else 0.0
         graph = (q_memb, k_memb, blocks, delta, key_valid, query_valid, offset)
+        inputs = None
         if self.choose_backend(q_memb, k_memb, blocks, delta, pairs, sampling) == "bernoulli":
             out, weights, counts, attended_counts = self._attend_dense_graph(
                 q.float(), k.float(), v.float(), *graph, sampling, output_attentions
             )
         else:
-            out, weights, counts, attended_counts = self._attend_fastrg(q, k, v, *graph, output_attentions)
+            out, weights, counts, attended_counts, inputs = self._attend_fastrg(q, k, v, *graph, output_attentions)
 
         # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
         # expanded along dim 0 by beam search).
@@ -363,7 +383,9 @@ class SBMAttention(ZooAttention):
             aux_loss = (counts.sum(0) / total_pairs(pairs, B)).mean() * (cfg.sparsity_weight / self.num_site_layers)
         sequence_pairs = pairs.clamp(min=1.0)[:, None] if isinstance(pairs, torch.Tensor) else max(pairs, 1.0)
         density = (attended_counts / sequence_pairs).detach()  # (B, H), per example
-        return AttentionOutput(hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density)
+        return AttentionOutput(
+            hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density, inputs=inputs
+        )
 
     def _attend_dense_graph(
         self, q, k, v, q_memb, k_memb, blocks, delta, key_valid, query_valid, offset, sampling, output_attentions
@@ -428,8 +450,9 @@ class SBMAttention(ZooAttention):
     def _attend_fastrg(
         self, q, k, v, q_memb, k_memb, blocks, delta, key_valid, query_valid, offset, output_attentions
     ):
-        """The fastRG backend over a fixed-size edge list, in q, k, v's dtype: as [`_attend_dense_graph`]. The
-        memberships are recomputed in backward from the queries and keys the edge attention keeps anyway."""
+        """The fastRG backend over a fixed-size edge list, in q, k, v's dtype: as [`_attend_dense_graph`], then the
+        head-split views of the flat q, k, v the edge attention keeps (`AttentionOutput.inputs`). The memberships are
+        recomputed in backward from the queries and keys the edge attention keeps anyway."""
         cfg = self.config
         B, H, n, _ = q.shape
         m = k.shape[2]
@@ -463,31 +486,33 @@ class SBMAttention(ZooAttention):
         def factors(queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             # p_ij = <Q̂_i, Ŝ K̂_j> = <Q̂_i, (K̂ Ŝᵀ)_j>, from the flat queries and keys
             with torch.autocast(device_type=device.type, enabled=False):
-                queries = self.unrotated(unflatten_heads(queries, B, H, n))
-                q_factor = self.memberships(queries, query_valid)  # (B, H, n, k)
-                keys = self.memberships(self.unrotated(unflatten_heads(keys, B, H, m)), key_valid)
-                k_factor = keys @ self.block_matrix().transpose(-1, -2)  # (B, H, m, k)
+                queries, keys = unflatten_heads(queries, B, H, n), unflatten_heads(keys, B, H, m)
+                q_factor, keys, blocks = self.selection(queries, keys, query_valid, key_valid)
+                k_factor = keys @ blocks.transpose(-1, -2)  # (B, H, m, k)
             return q_factor.reshape(num_rows, -1), k_factor.reshape(num_cols, -1)
 
         # qf and kf are what the edge attention keeps for its backward: the recomputation adds nothing of its own.
         params = tuple(p for p in (*self.membership_mlp.parameters(), self.clusters) if p.requires_grad)
-        ones = EdgeSTE.apply(factors, rows, cols, crow, graph.sampled, float(cfg.ste_clip), triton, qf, kf, *params)
+        grad_scale = None
         if cfg.ste_variant == "paper":
+            # The paper's bias is `logit * (m - 1)`: the gradient reaching it, times the logit, is that of `m`.
             with torch.no_grad():
                 pattern = edge_pattern(rows, cols, num_rows, num_cols, crow=crow, triton=triton)
-                scores = pattern.sddmm(qf, kf, self.scaling)
-            logit_bias = scores * (ones - 1.0)  # forward 0; gradient to the mask = logit gradient × logit
-        else:
-            logit_bias = ones - 1.0  # forward 0; gradient to the mask = logit gradient
-        # A repeated draw of a pair is listed again after its first copy: weight 0.
-        logit_bias = logit_bias.masked_fill(graph.duplicate, float("-inf"))
-        owner = rows // n  # (b, h) of each edge; B * H on padding
+                grad_scale = pattern.sddmm(qf, kf, self.scaling)
         # The sampled counts carry the regulariser's gradient to the edges; without a regulariser (its loss is
         # detached) they need no autograd graph, which would keep the edges' owners for backward.
-        if cfg.sparsity_weight > 0:
-            flags = torch.stack([ones * graph.sampled, graph.attended.float()], -1)  # (E, 2)
+        counted = cfg.sparsity_weight > 0
+        # Forward 0, and -inf at a repeated draw of a pair (listed again after its first copy: weight 0).
+        logit_bias = EdgeSTE.apply(
+            factors, rows, cols, crow, graph.sampled, graph.duplicate, grad_scale, counted, float(cfg.ste_clip),
+            triton, qf, kf, *params,
+        )  # fmt: skip
+        if counted:
+            logit_bias, sampled = logit_bias
+            flags = torch.stack([sampled, graph.attended.float()], -1)  # (E, 2)
         else:
             flags = torch.stack([graph.sampled, graph.attended], -1).float()
+        owner = rows // n  # (b, h) of each edge; B * H on padding
         # sampled and attended edges per (b, h), one pass for both
         per_head = torch.zeros(B * H + 1, 2, device=device).index_add(0, owner, flags)[:-1]
         counts, attended_counts = per_head[:, 0].view(B, H), per_head[:, 1].view(B, H)
@@ -495,18 +520,19 @@ class SBMAttention(ZooAttention):
         if output_attentions:
             # The dense weights of the real edges (a debugging path: compaction is fine here).
             real = graph.attended
-            flat = rows[real] * m + cols[real] % m
+            flat = rows[real].long() * m + cols[real] % m  # int64: rows times m may not fit in int32
             mask = torch.zeros(num_rows * m, dtype=torch.bool, device=device).index_fill_(0, flat, True)
             dense_bias = torch.zeros(num_rows * m, device=device).index_put((flat,), logit_bias[real])
             out, weights = dense_masked_attention(
                 q.float(), k.float(), v.float(), mask.view(B, H, n, m), dropout_p=dropout_p, scale=self.scaling,
                 training=self.training, return_weights=True, logit_bias=dense_bias.view(B, H, n, m),
             )  # fmt: skip
-            return out, weights, counts, attended_counts
+            return out, weights, counts, attended_counts, None
         # Dropout from the graph's own hash: a fixed number of generator draws per call whatever the edge count.
         keep = dropout_keep(graph, dropout_p) if dropout_p > 0.0 else None
         out = edge_attention(
             qf, kf, vf, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p, keep=keep,
-            sorted_rows=True, padded=True, backend=cfg.attention_backend,
+            sorted_rows=True, padded=True, crow=crow, backend=cfg.attention_backend,
         )  # fmt: skip
-        return unflatten_heads(out, B, H, n), None, counts, attended_counts
+        inputs = (unflatten_heads(qf, B, H, n), unflatten_heads(kf, B, H, m), unflatten_heads(vf, B, H, m))
+        return unflatten_heads(out, B, H, n), None, counts, attended_counts, inputs

@@ -51,7 +51,8 @@ class FastRGGraph:
     several times is listed as often, its first copy first.
 
     Args:
-        rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, non-decreasing.
+        rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, non-decreasing (int32 from the Triton
+            sampler when `B * H * n * m` fits in int32, as `cols`).
         cols (`torch.LongTensor` of shape `(E,)`): key row of each edge.
         sampled (`torch.BoolTensor` of shape `(E,)`): the first copy of a drawn pair (fastRG or exploration); the
             other attended edges are structural only (self loops, window, global columns).

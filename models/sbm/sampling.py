@@ -3,9 +3,12 @@ carry the attention gradient back to the sampled edge probabilities (the fastRG 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from ..kernels.constants import scalar
 from ..kernels.csr import CSRPattern, row_pointers
 
 # Odd 63-bit constants of the counter hash (splitmix64 finaliser); int64 products wrap like uint64 ones.
@@ -165,11 +168,14 @@ class DenseMaskSTE(torch.autograd.Function):
 
 
 class EdgeSTE(torch.autograd.Function):
-    """Straight-through estimator of an edge list: `m_e = 1` for every edge in forward.
+    """Straight-through estimator of an edge list: the logit bias `m_e - 1` of every edge, with `m_e = 1` in forward
+    (so the bias is 0, and `-inf` at the edges marked `duplicate`: a repeated draw of a pair attends with weight 0).
 
-    The edge probability `p_e = <Q̂[row_e], (K̂ Ŝᵀ)[col_e]>` is never needed in forward; backward clips the gradient
-    reaching each sampled edge and sends it to the factors with two sparse products over the edge pattern
-    (`dQ̂ = G @ (K̂ Ŝᵀ)`, `d(K̂ Ŝᵀ) = Gᵀ @ Q̂`), so the cost stays linear in the number of edges.
+    The gradient reaching the bias is the gradient of `m_e` (times `grad_scale[e]` when given: the paper variant's
+    bias is `logit_e * (m_e - 1)`). The edge probability `p_e = <Q̂[row_e], (K̂ Ŝᵀ)[col_e]>` is never needed in
+    forward; backward clips the gradient reaching each sampled edge and sends it to the factors with two sparse
+    products over the edge pattern (`dQ̂ = G @ (K̂ Ŝᵀ)`, `d(K̂ Ŝᵀ) = Gᵀ @ Q̂`), so the cost stays linear in the number of
+    edges.
 
     The factors are not saved: `factors` makes them from two tensors (SBM's queries and keys, with the membership
     network's `params`) and backward makes them again and sends their gradient on through that recomputation, so
@@ -181,23 +187,36 @@ class EdgeSTE(torch.autograd.Function):
     the real edges.
 
     Args of `apply`: `factors` (a function of two tensors returning `(Q̂, K̂ Ŝᵀ)` flattened to `(R, k)` and
-    `(C, k)`), `rows`, `cols` (`(E,)` int64, row-sorted), `crow` (`(R + 1,)` row pointers), `sampled` (`(E,)` bool:
-    the edges whose probability gets a gradient), `clip` (`float`), `triton` (`bool`), the two tensors, then every
-    parameter `factors` reads (their gradients leave through this node).
+    `(C, k)`), `rows`, `cols` (`(E,)` int64 or int32, row-sorted), `crow` (`(R + 1,)` row pointers), `sampled`
+    (`(E,)` bool: the edges whose probability gets a gradient), `duplicate` (`(E,)` bool or `None`), `grad_scale`
+    (`(E,)` or `None`), `counted` (`bool`), `clip` (`float`), `triton` (`bool`), the two tensors, then every parameter
+    `factors` reads (their gradients leave through this node). Returns the bias `(E,)` in fp32 and, with `counted`,
+    also `m_e` of the sampled edges (1 there, 0 elsewhere: the density regulariser's counts), whose gradient reaches
+    `m_e` unscaled.
     """
 
     @staticmethod
-    def forward(ctx, factors, rows, cols, crow, sampled, clip, triton, first, second, *params) -> Tensor:
+    def forward(
+        ctx, factors, rows, cols, crow, sampled, duplicate, grad_scale, counted, clip, triton, first, second, *params
+    ) -> Tensor | tuple[Tensor, Tensor]:
         # The Triton products need no row of each edge: keep it only for the torch path.
-        ctx.save_for_backward(None if triton else rows, cols, crow, sampled, first, second)
+        ctx.save_for_backward(None if triton else rows, cols, crow, sampled, grad_scale, first, second)
         ctx.factors, ctx.params, ctx.clip, ctx.triton = factors, params, clip, triton
-        return torch.ones(cols.shape, dtype=torch.float32, device=cols.device)
+        device = cols.device
+        if duplicate is None:
+            bias = torch.zeros(cols.shape, dtype=torch.float32, device=device)
+        else:  # one op: the constants are made once per device
+            bias = torch.where(duplicate, scalar(-math.inf, torch.float32, device), scalar(0.0, torch.float32, device))
+        return (bias, sampled.float()) if counted else bias
 
     @staticmethod
-    def backward(ctx, grad_m: Tensor):
-        rows, cols, crow, sampled, first, second = ctx.saved_tensors
+    def backward(ctx, grad_bias: Tensor, grad_counted: Tensor | None = None):
+        rows, cols, crow, sampled, grad_scale, first, second = ctx.saved_tensors
+        grad_m = grad_bias if grad_scale is None else grad_bias * grad_scale
+        if grad_counted is not None:
+            grad_m = grad_m + grad_counted
         grad_p = (grad_m * sampled).clamp_(-ctx.clip, ctx.clip)  # (E,)
-        needs = ctx.needs_input_grad[7:]  # the two tensors, then the parameters
+        needs = ctx.needs_input_grad[10:]  # the two tensors, then the parameters
         with torch.enable_grad():
             inputs = [first.detach().requires_grad_(needs[0]), second.detach().requires_grad_(needs[1])]
             q_memb, k_memb_s = ctx.factors(*inputs)
@@ -206,7 +225,7 @@ class EdgeSTE(torch.autograd.Function):
         wanted = [t for t, needed in zip((*inputs, *ctx.params), needs, strict=True) if needed]
         found = iter(torch.autograd.grad((q_memb, k_memb_s), wanted, (grad_q, grad_k), allow_unused=True))
         grads = [next(found) if needed else None for needed in needs]
-        return None, None, None, None, None, None, None, *grads
+        return None, None, None, None, None, None, None, None, None, None, *grads
 
 
 def edge_pattern(

@@ -291,7 +291,7 @@ def test_sbm_memberships_read_the_unrotated_queries_and_keys(monkeypatch):
     layer = model.base_model.encoder.layers[0].attention
     seen = []
     original = type(layer).memberships
-    monkeypatch.setattr(type(layer), "memberships", lambda self, x, valid: seen.append(x) or original(self, x, valid))
+    monkeypatch.setattr(type(layer), "memberships", lambda self, x, *args: seen.append(x) or original(self, x, *args))
     ids = torch.randint(5, model.config.vocab_size, (1, 24))
     hidden = model.base_model.encoder.embeddings(ids, None, None, None)
     model.base_model(input_ids=ids)

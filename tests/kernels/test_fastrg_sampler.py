@@ -105,9 +105,11 @@ def test_the_fused_sampler_with_every_draw_in_a_slot_and_int64_ids(device, monke
     reference, fused = _graphs(device, padded=True, causal=False, structural="ids", reserve=lambda e: 4000)
     assert int(reference.drawn) < reference.slots
     _assert_same_graph(reference, fused)
+    # The fused edge list keeps the int32 ids' width (every index fits), the reference int64.
+    assert fused.rows.dtype == fused.cols.dtype == torch.int32 and reference.cols.dtype == torch.int64
     monkeypatch.setattr(fastrg, "_INT32_PAIRS", 0)
     wide = _graphs(device, padded=True, causal=False, structural="ids", reserve=lambda e: 4000)
-    assert wide[0].rows.dtype == torch.int64
+    assert wide[0].rows.dtype == wide[1].cols.dtype == torch.int64
     _assert_same_graph(*wide)
     _assert_same_graph(reference, wide[1])  # the ids' width changes nothing
 

@@ -43,8 +43,10 @@ def _needs_triton(implementation: str) -> None:
         pytest.importorskip("triton")
 
 
+@pytest.mark.parametrize("indices", ["int64", "int32-crow"])
 @pytest.mark.parametrize("backend", ["reference", "fast", pytest.param("triton", marks=INTERPRETER)])
-def test_padded_edge_attention_equals_the_real_edges(backend):
+def test_padded_edge_attention_equals_the_real_edges(backend, indices):
+    """Also with int32 indices and the caller's row pointers (SBM's fused sampler hands both to the kernel)."""
     _needs_triton(backend)
     rows, cols, real = _padded_graph()
     g = torch.Generator().manual_seed(2)
@@ -55,8 +57,11 @@ def test_padded_edge_attention_equals_the_real_edges(backend):
         q, k, v = _inputs()
         b = bias.detach().clone().requires_grad_()
         keep = slice(None) if padded else slice(0, real)
+        edges, options = (rows[keep], cols[keep]), {}
+        if padded and indices == "int32-crow":
+            edges, options = (rows.int(), cols.int()), {"crow": row_pointers(rows, R)}
         out = edge_attention(
-            q, k, v, rows[keep], cols[keep], logit_bias=b[keep], sorted_rows=True, padded=padded, backend=backend
+            q, k, v, *edges, logit_bias=b[keep], sorted_rows=True, padded=padded, backend=backend, **options
         )
         (out * grad_out).sum().backward()
         results.append((out.detach(), q.grad, k.grad, v.grad, b.grad))
@@ -72,6 +77,10 @@ def test_padded_edge_attention_equals_the_real_edges(backend):
 def test_padding_is_refused_where_not_declared_and_bounded_where_declared():
     rows, cols, _ = _padded_graph()
     q, k, v = _inputs()
+    with pytest.raises(ValueError, match="crow must come with sorted_rows=True"):
+        edge_attention(q, k, v, rows, cols, padded=True, crow=row_pointers(rows, R))
+    with pytest.raises(TypeError, match="int64 or int32"):
+        edge_attention(q, k, v, rows.short(), cols, sorted_rows=True, padded=True)
     with pytest.raises(IndexError, match="rows out of range"):
         edge_attention(q, k, v, rows, cols, sorted_rows=True)
     beyond = rows.clone()

@@ -387,14 +387,42 @@ def test_edge_ste_gradient_matches_dense_definition():
     cols = torch.tensor([1, 4, 0, 0, 2, 3, 4])
     sampled = torch.tensor([True, True, False, True, True, True, True])
     crow = torch.searchsorted(rows, torch.arange(8))
-    ones = EdgeSTE.apply(lambda a, b: (a, b), rows, cols, crow, sampled, 1.0, False, q_memb, ks)
-    assert torch.all(ones == 1)
+    bias = EdgeSTE.apply(lambda a, b: (a, b), rows, cols, crow, sampled, None, None, False, 1.0, False, q_memb, ks)
+    assert torch.all(bias == 0)
     grad_m = torch.tensor([0.5, -3.0, 2.0, 0.1, 0.2, -0.3, 4.0])
-    (ones * grad_m).sum().backward()
+    (bias * grad_m).sum().backward()
     g = torch.zeros(7, 5)
     g[rows, cols] = (grad_m * sampled).clamp(-1, 1)
     torch.testing.assert_close(q_memb.grad, g @ ks.detach())
     torch.testing.assert_close(ks.grad, g.t() @ q_memb.detach())
+
+
+def test_edge_ste_bias_drops_duplicates_scales_the_bias_gradient_and_counts_unscaled():
+    """The bias is -inf at the duplicates; with a gradient scale (the paper variant's logit) the bias gradient is
+    scaled and the counts' gradient is not: as `logit * (m - 1)` and `m * sampled` of a mask `m` of ones."""
+    gen = torch.Generator().manual_seed(2)
+    rows = torch.tensor([0, 0, 2, 3, 3, 3, 6])
+    cols = torch.tensor([1, 4, 0, 0, 2, 3, 4])
+    crow = torch.searchsorted(rows, torch.arange(8))
+    sampled = torch.tensor([True, True, False, True, True, False, True])
+    duplicate = torch.tensor([False, False, False, False, False, True, False])
+    logits = torch.randn(7, generator=gen)
+    grad_bias, grad_counts = torch.randn(7, generator=gen), torch.randn(7, generator=gen)
+    factors = [torch.rand(7, 3, generator=gen), torch.rand(5, 3, generator=gen)]
+    q_memb, ks = (t.clone().requires_grad_() for t in factors)
+    bias, counted = EdgeSTE.apply(
+        lambda a, b: (a, b), rows, cols, crow, sampled, duplicate, logits, True, 10.0, False, q_memb, ks
+    )
+    assert torch.equal(bias, torch.where(duplicate, float("-inf"), 0.0))
+    assert torch.equal(counted, sampled.float())
+    (torch.where(duplicate, 0.0, bias * grad_bias).sum() + (counted * grad_counts).sum()).backward()
+    # the same gradients through an explicit mask of ones
+    mask = torch.ones(7, requires_grad=True)
+    ((logits * (mask - 1.0) * grad_bias).sum() + (mask * sampled * grad_counts).sum()).backward()
+    g = torch.zeros(7, 5)
+    g[rows, cols] = (mask.grad * sampled).clamp(-10, 10)
+    torch.testing.assert_close(q_memb.grad, g @ factors[1])
+    torch.testing.assert_close(ks.grad, g.t() @ factors[0])
 
 
 def test_edge_ste_that_recomputes_its_factors_gives_the_gradient_of_saved_ones():
@@ -425,8 +453,8 @@ def test_edge_ste_that_recomputes_its_factors_gives_the_gradient_of_saved_ones()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             inputs = (factors, queries, keys, *net.parameters()) if recompute else (identity, *factors(queries, keys))
-            ones = EdgeSTE.apply(inputs[0], rows, cols, crow, sampled, 1.0, False, *inputs[1:])
-        (ones * grad_m).sum().backward()
+            bias = EdgeSTE.apply(inputs[0], rows, cols, crow, sampled, None, None, False, 1.0, False, *inputs[1:])
+        (bias * grad_m).sum().backward()
         results.append([queries.grad, keys.grad, *(p.grad for p in net.parameters())])
         saved_widths.append(widths)
     for got, want in zip(*results, strict=True):
@@ -453,11 +481,12 @@ def test_fastrg_layer_recomputing_its_memberships_gives_the_gradients_of_saved_o
         sampler_read.append((q_memb.flatten(0, 2), (k_memb @ blocks.transpose(-1, -2)).flatten(0, 2)))
         return fastrg_edges(q_memb, k_memb, blocks, **kwargs)
 
-    def saved_factors(factors, rows, cols, crow, sampled, clip, triton, queries, keys, *params):
+    def saved_factors(factors, rows, cols, crow, sampled, duplicate, scale, counted, clip, triton, queries, keys, *_):
         made = factors(queries, keys)
         for got, want in zip(made, sampler_read[-1], strict=True):
             torch.testing.assert_close(got, want)
-        return EdgeSTE.apply(lambda a, b: (a, b), rows, cols, crow, sampled, clip, triton, *made)
+        options = (duplicate, scale, counted, clip, triton)
+        return EdgeSTE.apply(lambda a, b: (a, b), rows, cols, crow, sampled, *options, *made)
 
     monkeypatch.setattr("attnzoo.sbm.attention_sbm.fastrg_edges", recording_sampler)
     results = []

@@ -200,16 +200,18 @@ def edge_attention_triton(
     keep: Tensor | None,
     dropout_p: float,
     sorted_rows: bool,
+    crow: Tensor | None = None,
 ) -> Tensor:
     """Triton implementation of [`attnzoo.kernels.edge_attention`] with an explicit dropout keep-mask `keep` (E,)
     in the caller's edge order, or None; arguments as there (and checked there). q, k and v share one dtype among
-    fp32, bf16 and fp16; the result has it too."""
+    fp32, bf16 and fp16; the result has it too. `crow`: the row pointers of sorted rows, if the caller has them."""
     check_dtypes(q, k, v)
     num_rows = q.shape[0]
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not sorted_rows:
         rows, cols, (logit_bias, edge_weight, keep) = sort_edges(rows, cols, num_rows, logit_bias, edge_weight, keep)
-    crow = row_pointers(rows, num_rows)
+    if crow is None:
+        crow = row_pointers(rows, num_rows)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     keep_scale = 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)
     keep = None if keep is None else keep.contiguous().view(torch.uint8)

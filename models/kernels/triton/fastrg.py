@@ -360,7 +360,9 @@ def fastrg_edge_list_triton(
     ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The edge list of sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow)` as
-    `attnzoo.sbm.fastrg.edges_from_sorted_ids` computes them (`crow`: the `(num_rows + 1,)` row pointers).
+    `attnzoo.sbm.fastrg.edges_from_sorted_ids` computes them (`crow`: the `(num_rows + 1,)` row pointers, int64),
+    with `rows` and `cols` in the ids' dtype: int32 ids mean that `num_rows * m` fits in int32, and so does every row
+    and column (half the bytes of int64 for the edge attention and the estimator to keep for backward).
 
     Args:
         ids (`torch.Tensor` of shape `(E,)`): pair ids sorted stably, `sentinel` for empty slots (last).
@@ -371,7 +373,7 @@ def fastrg_edge_list_triton(
         sentinel (`int`): the empty slots' id.
     """
     num_edges = ids.shape[0]
-    rows = torch.empty(num_edges, dtype=torch.int64, device=ids.device)
+    rows = torch.empty(num_edges, dtype=ids.dtype, device=ids.device)
     cols = torch.empty_like(rows)
     sampled, duplicate, attended = (torch.empty(num_edges, dtype=torch.bool, device=ids.device) for _ in range(3))
     crow = torch.empty(num_rows + 1, dtype=torch.int64, device=ids.device)
