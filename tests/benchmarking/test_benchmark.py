@@ -9,11 +9,9 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 import attnzoo.fsat.attention_fsat as fsat_attention
 from attnzoo.benchmarking import (
@@ -33,6 +31,7 @@ from attnzoo.benchmarking import (
     timing_sweep,
 )
 from attnzoo.benchmarking.variants import VARIANTS
+from session_once import once_per_session
 from source_checkout import load_script
 
 TINY = ModelSize(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
@@ -42,19 +41,9 @@ TINY = ModelSize(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attent
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """One end-to-end run of the script: dense family and BERT (sdpa), N=64/128, memory subprocesses at N=64.
 
-    About 30 s of memory subprocesses: under pytest-xdist it runs once per test session, in whichever test process
-    asks first (the processes share the parent of their temporary folders, unique to the session; a file lock makes
-    the others wait for the run and read it), not once in each process that gets one of these tests."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = tmp_path_factory.getbasetemp().parent
-        output_dir = shared / "benchmark-tiny-run"
-        with FileLock(str(shared / "benchmark-tiny-run.lock")):
-            if not (output_dir / "benchmark.json").exists():
-                output_dir.mkdir(exist_ok=True)
-                _run_tiny_benchmark(output_dir)
-    else:
-        output_dir = tmp_path_factory.mktemp("benchmark")
-        _run_tiny_benchmark(output_dir)
+    About 30 s of memory subprocesses: under pytest-xdist it runs once per test session (`session_once`), not once
+    in each process that gets one of these tests."""
+    output_dir = once_per_session(tmp_path_factory, "benchmark-tiny-run", _run_tiny_benchmark)
     return json.loads((output_dir / "benchmark.json").read_text()), output_dir
 
 

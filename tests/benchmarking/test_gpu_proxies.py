@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +32,7 @@ from attnzoo.benchmarking.proxies import (
     PROXY_LENGTH,
     PROXY_ROWS,
     PROXY_SIZE,
+    LayerProxies,
     measure_layer_proxies,
     proxy_rows,
 )
@@ -37,6 +40,7 @@ from attnzoo.benchmarking.proxy_report import ProxySummary, find_host_copies, su
 from attnzoo.benchmarking.recorder import OpRecorder, stubbed_flex_attention, stubbed_triton_launches
 from attnzoo.kernels import gathered_attention
 from attnzoo.kernels.flex import flex_block_attention
+from session_once import once_per_session
 from source_checkout import load_script
 
 pytest.importorskip("triton")
@@ -106,19 +110,24 @@ def test_the_status_table_covers_every_measured_row():
 
 
 @pytest.fixture(scope="session")
-def measured() -> dict:
-    """Each row's proxies, measured on first use (a few seconds each)."""
-    cache: dict = {}
+def measured(tmp_path_factory: pytest.TempPathFactory):
+    """Each row's proxies, measured on first use (a few seconds each), once per test session (`session_once`)."""
+    cache: dict[str, LayerProxies] = {}
     rows = {row.name: row for row in proxy_rows(PROXY_ROWS)}
 
-    def get(name: str):
+    def measure(name: str, folder: Path) -> None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # deterministic and as fast: the compute-bound ops are few
+        try:
+            proxies = measure_layer_proxies(rows[name], PROXY_LENGTH)
+        finally:
+            torch.set_num_threads(threads)
+        (folder / "proxies.json").write_text(json.dumps(proxies.to_json()))
+
+    def get(name: str) -> LayerProxies:
         if name not in cache:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)  # deterministic and as fast: the compute-bound ops are few
-            try:
-                cache[name] = measure_layer_proxies(rows[name], PROXY_LENGTH)
-            finally:
-                torch.set_num_threads(threads)
+            folder = once_per_session(tmp_path_factory, f"proxies-{name.replace(':', '-')}", partial(measure, name))
+            cache[name] = LayerProxies.from_json(json.loads((folder / "proxies.json").read_text()))
         return cache[name]
 
     return get
