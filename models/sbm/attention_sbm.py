@@ -135,26 +135,50 @@ class SBMAttention(ZooAttention):
         token's clusters are about its content; the rotation, which the logits keep, already carries the offsets)."""
         return apply_rotary(x, inverse=True) if self.rotary else x
 
+    def membership_features(self, x: torch.Tensor) -> torch.Tensor:
+        """`MLP(x)` of queries or keys `(B, H, N, d)`, in fp32."""
+        return self.membership_mlp(x.to(self.clusters.dtype)).float()
+
     def memberships(
-        self, x: torch.Tensor, valid: torch.Tensor | None, clusters: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        valid: torch.Tensor | None,
+        clusters: torch.Tensor | None = None,
+        features: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`σ(MLP(x) Cᵀ)` in fp32, `(B, H, N, k)`; rows of padded positions are zero (they get no edge). `clusters`:
-        the fp32 cluster embeddings, if the caller has them."""
-        param_dtype = self.clusters.dtype
-        hidden = self.membership_mlp(x.to(param_dtype)).float()
+        the fp32 cluster embeddings, and `features`: `MLP(x)`, if the caller has them (then `x` is not read)."""
+        hidden = self.membership_features(x) if features is None else features
         clusters = self.clusters.float() if clusters is None else clusters
         logits = hidden @ clusters.transpose(-1, -2)[None]  # (B, H, N, k)
         memb = torch.sigmoid(logits + self.config.membership_logit_bias)
         return memb if valid is None else memb * valid[:, None, :, None]
 
     def selection(
-        self, q: torch.Tensor, k: torch.Tensor, query_valid: torch.Tensor | None, key_valid: torch.Tensor | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        query_valid: torch.Tensor | None,
+        key_valid: torch.Tensor | None,
+        joint: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`(Q̂, K̂, Ŝ)`: the memberships of the queries `(B, H, n, k)` and keys `(B, H, m, k)` and the block matrix
-        `(H, k, k)`, in fp32 (the cluster embeddings cast once for the three)."""
+        `(H, k, k)`, in fp32 (the cluster embeddings cast once for the three).
+
+        When `n == m` the queries and keys go through the membership MLP together, stacked along the batch (one pass
+        of its ops for both; the cluster logits, `(B, H, n, k)` fp32 each, are made apart so that none is larger than
+        the FFN activation at 128 clusters); `joint` `(2B, H, n, d)`: that stack, if the caller holds `q` and `k` in
+        it.
+        """
         clusters = self.clusters.float()  # (H, k, d)
-        q_memb = self.memberships(self.unrotated(q), query_valid, clusters)
-        k_memb = self.memberships(self.unrotated(k), key_valid, clusters)
+        if q.shape != k.shape:
+            q_memb = self.memberships(self.unrotated(q), query_valid, clusters)
+            k_memb = self.memberships(self.unrotated(k), key_valid, clusters)
+            return q_memb, k_memb, self.block_matrix(clusters)
+        joint = torch.cat([q, k]) if joint is None else joint  # (2B, H, n, d)
+        q_features, k_features = self.membership_features(self.unrotated(joint)).split(q.shape[0])
+        q_memb = self.memberships(q, query_valid, clusters, q_features)
+        k_memb = self.memberships(k, key_valid, clusters, k_features)
         return q_memb, k_memb, self.block_matrix(clusters)
 
     def allowed_pairs(
@@ -353,13 +377,21 @@ class SBMAttention(ZooAttention):
         # fastRG's estimator recomputes the memberships in backward: no autograd graph for them here ("auto" builds
         # one, dropped at the end of this call when it picks fastRG).
         fixed = self.fixed_backend(sampling)
+        joint = None
         if fixed == "fastrg":
             # The edge attention reads flat head-major rows: q, k and v are copied into that layout once, here, so
             # that the memberships read them as they are (a linear layer would copy a head-split view first) and
-            # the global rows keep the edge attention's copies (`AttentionOutput.inputs`).
-            q, k, v = (unflatten_heads(flatten_heads(t), B, H, t.shape[2]) for t in (q, k, v))
+            # the global rows keep the edge attention's copies (`AttentionOutput.inputs`). Of one shape, they are
+            # stacked along the batch by one copy, and the membership network reads the queries and keys stacked.
+            if q.shape == k.shape == v.shape:
+                stacked = torch.cat([q, k, v])  # (3B, H, n, d), contiguous
+                q, k, v = stacked.split(B)
+                joint = stacked[: 2 * B]
+            else:
+                q, k, v = (unflatten_heads(flatten_heads(t), B, H, t.shape[2]) for t in (q, k, v))
         with torch.set_grad_enabled(torch.is_grad_enabled() and fixed != "fastrg"):
-            q_memb, k_memb, blocks = self.selection(q, k, query_valid, key_valid)  # (B, H, n | m, k), (H, k, k)
+            # (B, H, n | m, k) twice, (H, k, k)
+            q_memb, k_memb, blocks = self.selection(q, k, query_valid, key_valid, joint)
         pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
         delta = float(cfg.exploration_delta) if (self.training or cfg.exploration_at_eval) else 0.0
         graph = (q_memb, k_memb, blocks, delta, key_valid, query_valid, offset)

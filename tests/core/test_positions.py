@@ -290,13 +290,15 @@ def test_sbm_memberships_read_the_unrotated_queries_and_keys(monkeypatch):
     model = _classifier("sbm", position_embedding_type="rotary")
     layer = model.base_model.encoder.layers[0].attention
     seen = []
-    original = type(layer).memberships
-    monkeypatch.setattr(type(layer), "memberships", lambda self, x, *args: seen.append(x) or original(self, x, *args))
+    original = type(layer).membership_features
+    monkeypatch.setattr(type(layer), "membership_features", lambda self, x: seen.append(x) or original(self, x))
     ids = torch.randint(5, model.config.vocab_size, (1, 24))
     hidden = model.base_model.encoder.embeddings(ids, None, None, None)
     model.base_model(input_ids=ids)
-    torch.testing.assert_close(seen[0], layer._split(layer.q_proj(hidden)), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(seen[1], layer._split(layer.k_proj(hidden)), atol=1e-5, rtol=1e-5)
+    # The first layer's queries and keys, read in one call (stacked along the batch: they have one shape).
+    queries, keys = seen[0].split(ids.shape[0])
+    torch.testing.assert_close(queries, layer._split(layer.q_proj(hidden)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(keys, layer._split(layer.k_proj(hidden)), atol=1e-5, rtol=1e-5)
 
 
 def test_smart_bird_sketch_rotates_the_queries_and_keys_it_hands_to_the_sampler():
