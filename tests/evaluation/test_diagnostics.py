@@ -100,7 +100,8 @@ def test_global_read_weight_is_the_weight_of_the_global_keys_in_each_real_query_
     assert all(0.0 < read < 1.0 for read in global_read_weight(shared, **batch))
     # Dense attention (no global token) is measured on the first token: the mean of its rows' weight on key 0.
     dense = classifier(task, "dense_transformer").eval()
-    weights = dense.base_model(**batch, output_attentions=True).attentions[0]  # (B, H, N, N)
+    with torch.no_grad():
+        weights = dense.base_model(**batch, output_attentions=True).attentions[0]  # (B, H, N, N)
     queries = batch["attention_mask"].bool().clone()
     queries[:, 0] = False
     expected = float(weights[..., 0].transpose(1, 2)[queries].mean())
