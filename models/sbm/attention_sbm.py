@@ -542,11 +542,11 @@ class SBMAttention(ZooAttention):
         if counted:
             logit_bias, sampled = logit_bias
             flags = torch.stack([sampled, graph.attended.float()], -1)  # (E, 2)
+            owner = rows // n  # (b, h) of each edge; B * H on padding
+            # sampled and attended edges per (b, h), one pass for both
+            per_head = torch.zeros(B * H + 1, 2, device=device).index_add(0, owner, flags)[:-1]
         else:
-            flags = torch.stack([graph.sampled, graph.attended], -1).float()
-        owner = rows // n  # (b, h) of each edge; B * H on padding
-        # sampled and attended edges per (b, h), one pass for both
-        per_head = torch.zeros(B * H + 1, 2, device=device).index_add(0, owner, flags)[:-1]
+            per_head = graph.head_counts.float()  # (B*H, 2), counted by the sampler
         counts, attended_counts = per_head[:, 0].view(B, H), per_head[:, 1].view(B, H)
         dropout_p = self.dropout if self.training else 0.0
         if output_attentions:

@@ -59,6 +59,8 @@ class FastRGGraph:
         duplicate (`torch.BoolTensor` of shape `(E,)`): a later copy of a pair (attends with weight 0).
         attended (`torch.BoolTensor` of shape `(E,)`): the first copy of a pair (not padding, not a duplicate).
         crow (`torch.LongTensor` of shape `(num_rows + 1,)`): row pointers (`crow[r]`: edges of rows below `r`).
+        head_counts (`torch.IntTensor` of shape `(B * H, 2)`): the sampled and the attended edges of each head
+            (int64 when the pair ids are).
         num_rows (`int`): number of query rows `B * H * n` (the row index of padding).
         totals (`torch.DoubleTensor` of shape `(2, 2)`): the expected and the drawn numbers of fastRG draws, then
             of exploration draws (more fastRG draws than `slots` means some were dropped).
@@ -72,6 +74,7 @@ class FastRGGraph:
     duplicate: Tensor
     attended: Tensor
     crow: Tensor
+    head_counts: Tensor
     num_rows: int
     totals: Tensor
     slots: int
@@ -383,17 +386,21 @@ def pair_ids(inputs: SamplerInputs, request: PairIdRequest) -> Tensor:
 def edges_from_sorted_ids(
     ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The edge list of stably sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow)` (see
-    [`FastRGGraph`]; `order` is each id's position before the sort, the draws' below `num_drawn`). The torch
+    """The edge list of stably sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow, head_counts)`
+    (see [`FastRGGraph`]; `order` is each id's position before the sort, the draws' below `num_drawn`). The torch
     reference of `fastrg_edge_list_triton`."""
     real = ids != sentinel
     first = torch.ones_like(real)
     first[1:] = ids[1:] != ids[:-1]
     attended = first & real
-    ids = ids.to(torch.int64)
-    rows = (ids // m).clamp_(max=num_rows)
-    cols = torch.where(real, (rows // n) * m + ids % m, 0)
-    return rows, cols, attended & (order < num_drawn), real & ~first, attended, row_pointers(rows, num_rows)
+    sampled = attended & (order < num_drawn)
+    wide = ids.to(torch.int64)
+    rows = (wide // m).clamp_(max=num_rows)
+    cols = torch.where(real, (rows // n) * m + wide % m, 0)
+    # Padding's head is the one past the last: counted there, then left out.
+    flags = torch.stack([sampled, attended], -1).to(ids.dtype)  # (E, 2)
+    head_counts = flags.new_zeros(num_rows // n + 1, 2).index_add_(0, rows // n, flags)[:-1]
+    return rows, cols, sampled, real & ~first, attended, row_pointers(rows, num_rows), head_counts
 
 
 class FastRGKernels(NamedTuple):
@@ -469,7 +476,7 @@ def fastrg_edges(
     ids, order = torch.sort(ids, stable=True)
     edge_list = edges_from_sorted_ids if kernels is None else kernels.edge_list
     num_drawn = fastrg_slots + exploration_slots
-    rows, cols, sampled, duplicate, attended, crow = edge_list(
+    rows, cols, sampled, duplicate, attended, crow, head_counts = edge_list(
         ids, order, num_drawn=num_drawn, n=n, m=m, num_rows=num_rows, sentinel=request.sentinel
     )
     return FastRGGraph(
@@ -479,6 +486,7 @@ def fastrg_edges(
         duplicate=duplicate,
         attended=attended,
         crow=crow,
+        head_counts=head_counts,
         num_rows=num_rows,
         totals=totals,
         slots=fastrg_slots,

@@ -20,7 +20,7 @@ from triton_devices import TRITON_DEVICES as DEVICES
 pytest.importorskip("triton")
 import attnzoo.kernels.triton.fastrg as kernel  # noqa: E402  (after the importorskip)
 
-FIELDS = ("rows", "cols", "sampled", "duplicate", "attended", "crow")
+FIELDS = ("rows", "cols", "sampled", "duplicate", "attended", "crow", "head_counts")
 B, H, N, M, K = 2, 3, 37, 41, 8
 
 
@@ -127,6 +127,11 @@ def test_the_edge_list_kernel_reads_sorted_ids_as_the_reference(device):
     for name, a, b in zip(FIELDS, want, got, strict=True):
         assert torch.equal(a, b), name
     assert want[3].any() and not want[4][-90:].any(), "repeats and padding are in the test"
+    # The per-head counts are those of the flags (20 rows of 5 per head: 4 heads, several per block of edges).
+    heads = want[0][:-90] // n
+    for column, flags in enumerate((want[2], want[4])):
+        counts = torch.bincount(heads[flags[:-90]], minlength=num_rows // n)
+        assert torch.equal(want[6][:, column], counts.to(want[6].dtype)) and counts.min() > 0
 
 
 def test_the_fused_samplers_edges_follow_fastrgs_law(device):

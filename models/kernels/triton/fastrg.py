@@ -15,8 +15,9 @@ implementations), so the two give the same ids bit for bit: integer ops and one 
    and key by binary searches of the tables, causal thinning, and the pair id `((b*H + h)*n + i)*m + j` (the
    largest id of the dtype where the slot holds no pair).
 3. After one stable sort of the ids (torch), [`_edge_list`] (one launch) writes the edge list: rows, columns and the
-   sampled / duplicate / attended flags of every edge, comparing each id with the one before it, and the row
-   pointers (a binary search of the sorted ids per row).
+   sampled / duplicate / attended flags of every edge, comparing each id with the one before it, the sampled and
+   attended edges of each head (a block's sum per head, added atomically: a head's edges are contiguous, so a block
+   adds to one head, two at a head's end), and the row pointers (a binary search of the sorted ids per row).
 """
 
 from __future__ import annotations
@@ -216,8 +217,8 @@ def _draw_pair_ids(
 
 @triton.jit
 def _edge_list(
-    IDS, ORDER, ROWS, COLS, SAMPLED, DUPLICATE, ATTENDED, CROW, num_edges, num_drawn, n, m, num_rows, sentinel,
-    edge_programs, STEPS_E: tl.constexpr, BLOCK: tl.constexpr,
+    IDS, ORDER, ROWS, COLS, SAMPLED, DUPLICATE, ATTENDED, CROW, COUNTS, num_edges, num_drawn, n, m, num_rows,
+    sentinel, edge_programs, STEPS_E: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if pid < edge_programs:
@@ -231,11 +232,27 @@ def _edge_list(
         rows = tl.minimum(ids // m, num_rows)
         cols = tl.where(real, (rows // n) * m + ids % m, 0)
         order = tl.load(ORDER + e, mask=ok, other=0)
+        sampled = attended & (order < num_drawn)
         tl.store(ROWS + e, rows, mask=ok)
         tl.store(COLS + e, cols, mask=ok)
-        tl.store(SAMPLED + e, attended & (order < num_drawn), mask=ok)
+        tl.store(SAMPLED + e, sampled, mask=ok)
         tl.store(DUPLICATE + e, real & ~first, mask=ok)
         tl.store(ATTENDED + e, attended, mask=ok)
+        # Per-head counts: the block's first head takes one atomic add of its sum; the edges of a later head in the
+        # block (rare: heads hold thousands of edges) add one by one. Padding (no head) is not counted.
+        head = rows // n
+        counted = ok & real
+        lead = tl.min(tl.where(counted, head, num_rows))
+        in_lead = counted & (head == lead)
+        one = tl.full([BLOCK], 1, COUNTS.dtype.element_ty)
+        zero = tl.zeros([BLOCK], COUNTS.dtype.element_ty)
+        sampled_one, attended_one = tl.where(sampled, one, zero), tl.where(attended, one, zero)
+        has_lead = lead < num_rows
+        tl.atomic_add(COUNTS + lead * 2, tl.sum(tl.where(in_lead, sampled_one, zero)), mask=has_lead)
+        tl.atomic_add(COUNTS + lead * 2 + 1, tl.sum(tl.where(in_lead, attended_one, zero)), mask=has_lead)
+        rest = counted & ~in_lead
+        tl.atomic_add(COUNTS + head * 2, sampled_one, mask=rest)
+        tl.atomic_add(COUNTS + head * 2 + 1, attended_one, mask=rest)
     else:
         # row pointers: row r's edges start after every id below r * m (searchsorted of the rows)
         r = (pid - edge_programs) * BLOCK + tl.arange(0, BLOCK)
@@ -359,7 +376,7 @@ def fastrg_pair_ids_triton(
 def fastrg_edge_list_triton(
     ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The edge list of sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow)` as
+    """The edge list of sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow, head_counts)` as
     `attnzoo.sbm.fastrg.edges_from_sorted_ids` computes them (`crow`: the `(num_rows + 1,)` row pointers, int64),
     with `rows` and `cols` in the ids' dtype: int32 ids mean that `num_rows * m` fits in int32, and so does every row
     and column (half the bytes of int64 for the edge attention and the estimator to keep for backward).
@@ -377,9 +394,10 @@ def fastrg_edge_list_triton(
     cols = torch.empty_like(rows)
     sampled, duplicate, attended = (torch.empty(num_edges, dtype=torch.bool, device=ids.device) for _ in range(3))
     crow = torch.empty(num_rows + 1, dtype=torch.int64, device=ids.device)
+    head_counts = torch.zeros(num_rows // n, 2, dtype=ids.dtype, device=ids.device)
     edge_programs = triton.cdiv(num_edges, BLOCK_SLOTS)
     _edge_list[(edge_programs + triton.cdiv(num_rows + 1, BLOCK_SLOTS),)](
-        ids, order, rows, cols, sampled, duplicate, attended, crow, num_edges, num_drawn, n, m, num_rows, sentinel,
-        edge_programs, STEPS_E=_steps(num_edges), BLOCK=BLOCK_SLOTS,
+        ids, order, rows, cols, sampled, duplicate, attended, crow, head_counts, num_edges, num_drawn, n, m,
+        num_rows, sentinel, edge_programs, STEPS_E=_steps(num_edges), BLOCK=BLOCK_SLOTS,
     )  # fmt: skip
-    return rows, cols, sampled, duplicate, attended, crow
+    return rows, cols, sampled, duplicate, attended, crow, head_counts
