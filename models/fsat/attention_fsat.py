@@ -10,7 +10,8 @@ Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.m
 4. Selection: `I_bar = sigmoid(C W_I + b_I) * L` predicts, for every key `j`, `M` query positions (with
    `index_prior="key_position"`, ours and the default, `logit((j + 0.5) / L)` is added inside the sigmoid so that
    untrained keys predict queries around themselves); the edges are `(floor(I_bar_jm) -> j)`, plus in training
-   uniformly drawn queries per key.
+   uniformly drawn queries per key. Where the attention backend resolves to Triton, the prediction and the selection
+   are one kernel each way (`triton_index.py`; `predict_indices` and `select_slots` are its reference).
 5. Compute: segment softmax over each query's edges, times the Gaussian confidence `rho(i | I_bar, sigma^2)` (no
    renormalisation), through the kernel layer's key-slot attention (`attnzoo.kernels.key_slot_attention`): the edges
    stay in fixed slots per key, `-1` where dropped, so that selecting them needs no host sync. The confidence
@@ -32,6 +33,7 @@ from ..core.global_tokens import global_edges
 from ..core.masking import attention_bool_mask
 from ..kernels import dense_attention, key_slot_attention
 from ..kernels.constants import cached_constant
+from ..kernels.dispatch import TRITON_DTYPES, resolve_backend
 from ..kernels.key_slots import gaussian_confidence, key_slot_edges, truncate_positive_gradient
 from .configuration_fsat import FSATConfig
 from .pooling import antidiagonal_sums, central_token_merge, pooled_cross_fused
@@ -67,6 +69,17 @@ _cached_position_prior = cached_constant(_position_prior)
 def _minus_one(device: torch.device) -> torch.Tensor:
     """0-d fp32 -1 (a Python scalar in `torch.where` is wrapped into a new tensor on every call)."""
     return torch.full((), -1.0, device=device)
+
+
+def _index_kernels(backend: str, cross: torch.Tensor):
+    """[`attnzoo.fsat.triton_index`] where `backend` resolves to Triton for the cross, else None."""
+    if backend == "reference" or cross.dtype not in TRITON_DTYPES:
+        return None
+    if resolve_backend(backend, cross.device, cross.dtype) != "triton":
+        return None
+    from . import triton_index
+
+    return triton_index
 
 
 class FeatureMap(nn.Module):
@@ -208,7 +221,10 @@ class FSATAttention(ZooAttention):
         """
         f1 = self.feature_map_1(hidden_states, valid)
         f2 = self.feature_map_2(hidden_states, valid)
-        return self.cross_norm(pooled_cross_fused(f1, f2, valid, out_dtype=hidden_states.dtype))
+        merged = pooled_cross_fused(
+            f1, f2, valid, out_dtype=hidden_states.dtype, backend=self.config.attention_backend
+        )
+        return self.cross_norm(merged)
 
     def predict_indices(self, cross: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         """Continuous predicted query positions `I_bar` `(B, H, N, M)` in fp32, in `(0, L)`.
@@ -221,22 +237,32 @@ class FSATAttention(ZooAttention):
             # The keys' and values' projections save the cross: its fp32 copy is recomputed, not saved.
             logits = linear_of_recomputed(cross, _identity, self.index_predictor, compute_dtype=torch.float32)
             logits = logits.view(B, N, -1, self.num_predicted).transpose(1, 2)
-        if self.config.index_scale == "max_length":
-            scale = float(self.config.fsat_index_length)
-        elif lengths is None:
-            scale = float(N)
-        else:
-            scale = lengths.to(torch.float32).view(B, 1, 1, 1)
-        if self.config.index_prior == "key_position":
-            # Centre key j's predictions on j itself: sigmoid(logit(p)) * L = p * L = j + 0.5 when the learnt part is
-            # zero. Keys past the scale (padding, or beyond L_max) are clamped; their edges are dropped anyway.
-            prior = _position_prior if isinstance(scale, torch.Tensor) else _cached_position_prior
-            logits = logits + prior(N, scale, cross.device)  # (B, H', N, M)
+        scale, prior = self.index_scale_and_prior(N, lengths, cross.device)
+        if prior is not None:
+            logits = logits + prior  # (B, H', N, M)
         mean = torch.sigmoid(logits).expand(B, self.num_heads, N, self.num_predicted)  # (B, H, N, M)
         if torch.is_grad_enabled():
             return mean * scale
         # Without autograd the product is written in the (b, h, j, m) order the kernels read: no copy to lay it out.
         return torch.mul(mean, scale, out=torch.empty(mean.shape, dtype=mean.dtype, device=mean.device))
+
+    def index_scale_and_prior(
+        self, length: int, lengths: torch.Tensor | None, device: torch.device
+    ) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+        """The predictions' range `L` (a number, or `(B, 1, 1, 1)` fp32 per example) and the fp32 logit prior
+        `(1 or B, 1, N, 1)` added to key `j`'s predictions (None with `index_prior="none"`)."""
+        if self.config.index_scale == "max_length":
+            scale = float(self.config.fsat_index_length)
+        elif lengths is None:
+            scale = float(length)
+        else:
+            scale = lengths.to(torch.float32).view(-1, 1, 1, 1)
+        if self.config.index_prior != "key_position":
+            return scale, None
+        # Centre key j's predictions on j itself: sigmoid(logit(p)) * L = p * L = j + 0.5 when the learnt part is
+        # zero. Keys past the scale (padding, or beyond L_max) are clamped; their edges are dropped anyway.
+        prior = _position_prior if isinstance(scale, torch.Tensor) else _cached_position_prior
+        return scale, prior(length, scale, device)
 
     def select_slots(self, mean: torch.Tensor, valid: torch.Tensor | None) -> KeySlots:
         """Key-centric edges in fixed slots: predicted queries `floor(I_bar)` and, in training, random real queries
@@ -432,11 +458,21 @@ class FSATAttention(ZooAttention):
         """
         B, H, N, _ = q.shape
         lengths = None if valid is None else valid.sum(-1)  # (B,)
-        mean = self.predict_indices(cross, lengths)
         g = self.global_positions(N)
-        if output_attentions:
-            return self.attend_with_weights(q, k, v, mean, valid, g)
-        slots = self.select_slots(mean, valid)
+        kernels = None if output_attentions else _index_kernels(self.config.attention_backend, cross)
+        if kernels is not None:
+            # The Triton path: prediction and selection in one kernel (the same values as the two methods below).
+            scale, prior = self.index_scale_and_prior(N, lengths, cross.device)
+            query, slot_mean = kernels.index_slots(
+                cross, self.index_predictor.weight, self.index_predictor.bias, prior, scale, valid,
+                self.num_heads, self.num_predicted, self.num_random if self.training else 0,
+            )  # fmt: skip
+            slots = KeySlots(query=query, mean=slot_mean)
+        else:
+            mean = self.predict_indices(cross, lengths)
+            if output_attentions:
+                return self.attend_with_weights(q, k, v, mean, valid, g)
+            slots = self.select_slots(mean, valid)
         out, pairs = key_slot_attention(
             q,
             k,

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels.constants import cached_constant
+from ..kernels.dispatch import TRITON_DTYPES, resolve_backend
 
 
 def fft_length(length: int) -> int:
@@ -112,23 +113,32 @@ def _shift_minus_one(length: int, dtype: torch.dtype, device: torch.device) -> T
 
 
 class _PooledCross(torch.autograd.Function):
-    """[`pooled_cross_fused`]; `has_pairs` `(B or 1, N, 1)` bool marks the rows with a real pair."""
+    """[`pooled_cross_fused`]; `has_pairs` `(B or 1, N, 1)` bool marks the rows with a real pair; `kernels` is
+    [`attnzoo.fsat.triton_pooling`] for the Triton path (the elementwise steps between the transforms fused),
+    else None."""
 
     @staticmethod
-    def forward(ctx, f1: Tensor, f2: Tensor, has_pairs: Tensor, out_dtype: torch.dtype) -> Tensor:
+    def forward(ctx, f1: Tensor, f2: Tensor, has_pairs: Tensor, out_dtype: torch.dtype, kernels) -> Tensor:
         N = f1.shape[1]
         real = _fft_dtype(f1.dtype)
         with torch.autocast(device_type=f1.device.type, enabled=False):
-            p_hat, q_hat = _half_spectra(f1, f2, real)  # (B, n, D) complex each
-            n = p_hat.shape[1]
-            # fft(q)^2 w + fft(p)^2 / 2, in place: no third (B, n, D) complex tensor.
-            spectrum = q_hat.mul_(q_hat).mul_(_shift_minus_one(n, q_hat.dtype, q_hat.device))
-            spectrum = spectrum.addcmul_(p_hat, p_hat, value=0.5)
-            pooled = torch.view_as_real(torch.fft.ifft(spectrum, dim=1))[:, :N, :, 1]  # (B, N, D)
-            # Minus the self pair (t, t) (the bf16 products are exact in fp32), then the rows without a pair are
-            # zeroed, written in the output dtype by the same op.
-            merged = torch.addcmul(pooled, f1, f2, value=-1.0)
-            out = torch.mul(merged, has_pairs, out=torch.empty(merged.shape, dtype=out_dtype, device=f1.device))
+            if kernels is not None:
+                p_hat, q_hat = (torch.fft.fft(x, dim=1) for x in kernels.pack_halves(f1, f2))  # (B, n, D) each
+                n = p_hat.shape[1]
+                spectrum = kernels.forward_spectrum(p_hat, q_hat, _shift_minus_one(n, p_hat.dtype, p_hat.device))
+                out = kernels.finish_forward(torch.fft.ifft(spectrum, dim=1), f1, f2, has_pairs, out_dtype)
+            else:
+                p_hat, q_hat = _half_spectra(f1, f2, real)  # (B, n, D) complex each
+                n = p_hat.shape[1]
+                # fft(q)^2 w + fft(p)^2 / 2, in place: no third (B, n, D) complex tensor.
+                spectrum = q_hat.mul_(q_hat).mul_(_shift_minus_one(n, q_hat.dtype, q_hat.device))
+                spectrum = spectrum.addcmul_(p_hat, p_hat, value=0.5)
+                pooled = torch.view_as_real(torch.fft.ifft(spectrum, dim=1))[:, :N, :, 1]  # (B, N, D)
+                # Minus the self pair (t, t) (the bf16 products are exact in fp32), then the rows without a pair are
+                # zeroed, written in the output dtype by the same op.
+                merged = torch.addcmul(pooled, f1, f2, value=-1.0)
+                out = torch.mul(merged, has_pairs, out=torch.empty(merged.shape, dtype=out_dtype, device=f1.device))
+        ctx.kernels = kernels
         if has_pairs.shape[0] == 1:
             # The cached mask of an unpadded input (`_rows_below_last`) is shared by every layer: not this call's.
             ctx.has_pairs = has_pairs
@@ -144,7 +154,17 @@ class _PooledCross(torch.autograd.Function):
         has_pairs = padded[0] if padded else ctx.has_pairs
         B, N, D = f1.shape
         real = _fft_dtype(f1.dtype)
+        kernels = ctx.kernels
         with torch.autocast(device_type=f1.device.type, enabled=False):
+            if kernels is not None:
+                if grad.stride(-1) != 1:
+                    grad = grad.contiguous()
+                p_hat, q_hat = (torch.fft.fft(x, dim=1) for x in kernels.pack_halves(f1, f2))  # (B, n, D) each
+                n = p_hat.shape[1]
+                grad_hat = torch.fft.ifft(kernels.complex_grad(grad, has_pairs, n), dim=1)  # (B, n, D) complex
+                shift = _shift_minus_one(n, p_hat.dtype, p_hat.device)
+                even, odd = (torch.fft.fft(x, dim=1) for x in kernels.backward_products(grad_hat, p_hat, q_hat, shift))
+                return (*kernels.finish_backward(even, odd, grad, f1, f2, has_pairs), None, None, None)
             # The rows without a pair have no gradient. The mask writes the gradient as complex in the same op, so
             # that its inverse FFT is a complex one (that of a real tensor comes out conjugated, and each product
             # with it then copies it first).
@@ -163,7 +183,7 @@ class _PooledCross(torch.autograd.Function):
             # Minus the self pair, written in the inputs' dtype by the same op: (df1, df2) -= g (f2, f1).
             grad_f1 = torch.addcmul(parts[..., 1], grad, f2, value=-1.0, out=torch.empty_like(f1))
             grad_f2 = torch.addcmul(parts[..., 0], grad, f1, value=-1.0, out=torch.empty_like(f2))
-        return grad_f1, grad_f2, None, None
+        return grad_f1, grad_f2, None, None, None
 
 
 def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -191,13 +211,18 @@ def _half_spectra(f1: Tensor, f2: Tensor, real: torch.dtype) -> tuple[Tensor, Te
     return p_hat, q_hat
 
 
-def pooled_cross_fused(f1: Tensor, f2: Tensor, valid: Tensor | None, out_dtype: torch.dtype | None = None) -> Tensor:
+def pooled_cross_fused(
+    f1: Tensor, f2: Tensor, valid: Tensor | None, out_dtype: torch.dtype | None = None, backend: str = "fast"
+) -> Tensor:
     """[`pooled_cross_plain`] with transforms of length N (three forward, five backward), and only `f1`, `f2` saved.
 
     Args:
         f1, f2 (`torch.Tensor` of shape `(B, N, D)`): the feature maps (zeros at padded positions), of one dtype.
         valid (`torch.BoolTensor` of shape `(B, N)`, *optional*): real tokens (`None`: all real).
         out_dtype (`torch.dtype`, *optional*): the output's dtype (rounded once, at the end); by default the FFT's.
+        backend (`str`, *optional*, defaults to `"fast"`): an attention backend; where it resolves to Triton (and the
+            feature maps are fp32, bf16 or fp16), the elementwise steps between the transforms run as Triton kernels
+            ([`attnzoo.fsat.triton_pooling`]: the same values with 9 torch ops less forward and 11 backward).
 
     Returns:
         `torch.Tensor` of shape `(B, N, D)` in `out_dtype`, by default fp32, or fp64 for fp64 inputs.
@@ -207,4 +232,16 @@ def pooled_cross_fused(f1: Tensor, f2: Tensor, valid: Tensor | None, out_dtype: 
                          f"{tuple(f2.shape)} {f2.dtype}")  # fmt: skip
     length = f1.shape[1]
     has_pairs = _rows_below_last(length, f1.device) if valid is None else rows_with_pairs(valid, length, f1.device)
-    return _PooledCross.apply(f1, f2, has_pairs, _fft_dtype(f1.dtype) if out_dtype is None else out_dtype)
+    out_dtype = _fft_dtype(f1.dtype) if out_dtype is None else out_dtype
+    return _PooledCross.apply(f1, f2, has_pairs, out_dtype, _pooling_kernels(backend, f1))
+
+
+def _pooling_kernels(backend: str, f1: Tensor):
+    """[`attnzoo.fsat.triton_pooling`] where `backend` resolves to Triton for `f1`, else None."""
+    if backend == "reference" or f1.dtype not in TRITON_DTYPES:
+        return None
+    if resolve_backend(backend, f1.device, f1.dtype) != "triton":
+        return None
+    from . import triton_pooling
+
+    return triton_pooling

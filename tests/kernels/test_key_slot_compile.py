@@ -28,9 +28,9 @@ SCRIPT = textwrap.dedent(
 
     POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "DO": "*bf16", "DQ": "*bf16",
                 "DK": "*bf16", "DV": "*bf16", "ORDER": "*i64", "CROW": "*i32", "QUERY": "*i32", "PAIRS": "*i32",
-                "SKEEP": "*u8", "GKEEP": "*u8", "VALID": "*u8"}
+                "QUERIES": "*i32", "ORDER32": "*i32", "SKEEP": "*u8", "GKEEP": "*u8", "VALID": "*u8"}
     FLOATS = {"scale", "keep_scale", "inv_two_var", "norm"}
-    INTS = {"H", "N", "S", "G0", "G", "R", "BH"}  # sizes named in capitals, as the kernels' pointers are
+    INTS = {"H", "N", "S", "G0", "G", "R", "BH", "CHUNKS"}  # sizes named in capitals, as the kernels' pointers are
 
     def compile_kernel(kernel, meta, ones=()):
         # A launch specialises an int argument equal to 1 to the constant 1: `ones` names those.

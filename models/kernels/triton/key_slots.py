@@ -1,19 +1,22 @@
 """Triton key-slot attention (FSAT's edges): softmax groups, global keys and confidences in registers.
 
 The semantics are [`attnzoo.kernels.key_slots`]'s. The slots `(B, H, N, S)` arrive in key-major order; one stable sort
-of each head's query positions (int32; the dropped slots, -1, sort first) gives the query-major order and CSR row
-pointers per head, without any host sync. Three kernels:
+of each head's query positions (int32; the dropped slots, -1, sort first) gives the query-major order, without any
+host sync. Three kernels:
 
-- **forward**, one program per query row: walks the row's edges (a few, in chunks of `BLOCK_E`) and the `g` global
-  keys with one online softmax per group (graph, exploration, global keys), computes every edge's Gaussian
-  confidence from its slot's prediction, and stores the summed output, one log-sum-exp per group and the row's
-  number of distinct keys (duplicates of a pair come from one key's slots, adjacent after the stable sort);
+- **forward**, one program per query row: finds its slots among the sorted queries (two binary searches; it writes
+  the CSR row pointers and the order as int32 for the backward), walks the row's edges (a few, in chunks of
+  `BLOCK_E`) and the `g` global keys with one online softmax per group (graph, exploration, global keys), computes
+  every edge's Gaussian confidence from its slot's prediction, and stores the summed output, one log-sum-exp per
+  group and the row's number of distinct keys (duplicates of a pair come from one key's slots, adjacent after the
+  stable sort);
 - **backward, query-major**, one program per query row: a first pass over the edges gives each group's
   `delta = sum_e p_e factor_e <dO, v_e>`, a second writes dQ and, per slot, the score gradient, the probability
   times its factor and the prediction's gradient (with the truncation clamp); per global key, the same two numbers;
 - **backward, key-major**, one program per block of keys: each key's `S` slots in their native layout give
   `dK = sum_s dS_s q_i` and `dV = sum_s p_s factor_s dO_i` without atomics; the global keys' sums over every query
-  come from a small reduction kernel (chunks of queries, fp32 atomics into `(2, B*H, g, d)`) run before it.
+  come from a small reduction kernel run before it (one partial sum per chunk of queries, `(chunks, 2, B*H, g, d)`,
+  which the key-major kernel adds up: no atomics, no zero-filled buffer).
 
 q, k, v and dO are read through their strides (the heads' transposed views need no copy), and dQ, dK, dV and the
 output are written in the layout of q, k, v.
@@ -28,13 +31,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..constants import cached_constant
 from .launch import block_d, check_dtypes, row_strides
 
 BLOCK_E = 16  # edges per chunk (rows hold about M + R + g of them)
 BLOCK_K = 16  # keys per program of the key-major backward
 BLOCK_Q = 64  # query rows per tile of the global keys' reduction
-GLOBAL_CHUNK = 1024  # query rows per program of that reduction: N / 1024 atomic adds per element
+GLOBAL_CHUNK = 1024  # query rows per program of that reduction: N / 1024 partial sums per element
 NUM_GROUPS = 3  # graph, exploration, global keys: one log-sum-exp each
 NUM_WARPS = 4
 
@@ -141,8 +143,21 @@ def _query_real(VALID, b, i, N, HAS_VALID: tl.constexpr):
 
 
 @triton.jit
+def _lower_bound(SORTED, length, target):
+    """The first position of `SORTED[:length]` (ascending) holding a value >= `target` (`length` if none)."""
+    lo = length * 0
+    hi = length
+    while lo < hi:
+        mid = (lo + hi) // 2
+        below = tl.load(SORTED + mid) < target
+        lo = tl.where(below, mid + 1, lo)
+        hi = tl.where(below, hi, mid)
+    return lo
+
+
+@triton.jit
 def _slots_fwd(
-    Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS,
+    Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS,
     H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -154,8 +169,13 @@ def _slots_fwd(
     dim = tl.arange(0, BLOCK_D)
     dim_ok = dim < D
     q = tl.load(Q + b * sq_b + h * sq_h + i * sq_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
-    start = tl.load(CROW + bh * (N + 1) + i)  # the row's edges within its head's sorted slots
-    end = tl.load(CROW + bh * (N + 1) + i + 1)
+    # The row's edges within its head's sorted slots (binary searches of the sorted queries), kept for the backward
+    # as CSR pointers.
+    start = _lower_bound(QUERIES + bh * N * S, N * S, i)
+    end = _lower_bound(QUERIES + bh * N * S, N * S, i + 1)
+    one = tl.arange(0, 1)
+    tl.store(CROW + bh * (N + 1) + i + one, start + one * 0)
+    tl.store(CROW + bh * (N + 1) + i + 1 + one, end + one * 0, mask=(i + one) == N - 1)
     i_f = i.to(tl.float32)
     m0 = tl.full([1], float("-inf"), tl.float32)
     m1 = tl.full([1], float("-inf"), tl.float32)
@@ -172,6 +192,8 @@ def _slots_fwd(
             K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
             sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm, BLOCK_E, HAS_SKEEP,
         )  # fmt: skip
+        # The row's slots in query-major order, as int32 for the backward (the sort gives int64 positions).
+        tl.store(ORDER32 + bh * N * S + edge, key * S + s, mask=edge < end)
         graph = s < G0
         factor = conf * keep
         m0, l0, acc0 = _online(m0, l0, acc0, tl.where(graph, score, float("-inf")), factor, v_rows)
@@ -197,7 +219,6 @@ def _slots_fwd(
     inv2, lse2 = _finish(m2, l2)
     out = acc0 * inv0 + acc1 * inv1 + acc2 * inv2
     tl.store(OUT + b * so_b + h * so_h + i * so_n + dim, out.to(OUT.dtype.element_ty), mask=dim_ok)
-    one = tl.arange(0, 1)
     tl.store(LSE + pid * 3 + one, lse0)
     tl.store(LSE + pid * 3 + 1 + one, lse1)
     tl.store(LSE + pid * 3 + 2 + one, lse2)
@@ -297,9 +318,10 @@ def _slots_bwd_global(
     sq_b, sq_h, sq_n, sdo_b, sdo_h, sdo_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """The global keys' dK and dV over one chunk of one head's queries, added to `GPART` `(2, B*H, G, D)`."""
+    """The global keys' dK and dV over one chunk of one head's queries, written to `GPART` `(chunks, 2, B*H, G, D)`."""
     bh = tl.program_id(0).to(tl.int64)
-    first = tl.program_id(1).to(tl.int64) * CHUNK
+    chunk = tl.program_id(1).to(tl.int64)
+    first = chunk * CHUNK
     b = bh // H
     h = bh % H
     dim = tl.arange(0, BLOCK_D)
@@ -315,13 +337,13 @@ def _slots_bwd_global(
             pw = tl.load(PG + (bh * N + i) * G + key, mask=ok, other=0.0)
             dk += tl.sum(ds[:, None] * _gather(Q, sq_b, sq_h, sq_n, b, h, i, dim, mask), 0)
             dv += tl.sum(pw[:, None] * _gather(DO, sdo_b, sdo_h, sdo_n, b, h, i, dim, mask), 0)
-        tl.atomic_add(GPART + (bh * G + key) * D + dim, dk, mask=dim_ok)
-        tl.atomic_add(GPART + ((BH + bh) * G + key) * D + dim, dv, mask=dim_ok)
+        tl.store(GPART + ((chunk * 2 * BH + bh) * G + key) * D + dim, dk, mask=dim_ok)
+        tl.store(GPART + (((chunk * 2 + 1) * BH + bh) * G + key) * D + dim, dv, mask=dim_ok)
 
 
 @triton.jit
 def _slots_bwd_keys(
-    Q, DO, QUERY, DS, PW, DMEAN, GPART, DK, DV, H, N, S, G, R, BH,
+    Q, DO, QUERY, DS, PW, DMEAN, GPART, DK, DV, H, N, S, G, R, BH, CHUNKS,
     sq_b, sq_h, sq_n, sdo_b, sdo_h, sdo_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_GLOBAL: tl.constexpr,
 ):  # fmt: skip
@@ -353,8 +375,9 @@ def _slots_bwd_keys(
         is_global = ok & (j < G)
         mask = is_global[:, None] & dim_ok[None, :]
         part = (bh * G + j)[:, None] * D + dim[None, :]
-        dk += tl.load(GPART + part, mask=mask, other=0.0)
-        dv += tl.load(GPART + BH * G * D + part, mask=mask, other=0.0)
+        for chunk in range(0, CHUNKS):  # the partial sums over each chunk of queries, in order
+            dk += tl.load(GPART + (2 * chunk) * BH * G * D + part, mask=mask, other=0.0)
+            dv += tl.load(GPART + (2 * chunk + 1) * BH * G * D + part, mask=mask, other=0.0)
     store = ok[:, None] & dim_ok[None, :]
     dk_ptr = DK + b[:, None] * sdk_b + h[:, None] * sdk_h + j[:, None] * sdk_n + dim[None, :]
     dv_ptr = DV + b[:, None] * sdv_b + h[:, None] * sdv_h + j[:, None] * sdv_n + dim[None, :]
@@ -373,20 +396,23 @@ class KeySlotAttentionTriton(torch.autograd.Function):
     """Autograd wrapper of the kernels; see [`key_slot_attention_triton`] for the arguments."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, settings):
+    def forward(ctx, q, k, v, mean, query, order, queries, slot_keep, global_keep, valid, settings):
         B, H, N, D = q.shape
         num_rows = B * H * N
         out = _empty_heads_like(q)
+        # Written by the forward kernel: the CSR pointers and the order as int32 (the live slots' entries).
+        crow = torch.empty(B * H, N + 1, dtype=torch.int32, device=q.device)
+        order32 = torch.empty(order.shape, dtype=torch.int32, device=q.device)
         lse = torch.empty(num_rows, 3, dtype=torch.float32, device=q.device)
         pairs = torch.empty(num_rows, dtype=torch.int32, device=q.device)
         if num_rows > 0:
             _slots_fwd[(num_rows,)](
-                q, k, v, mean, order, crow, _or(slot_keep, query), _or(global_keep, query), _or(valid, query),
-                out, lse, pairs, H, N, query.shape[-1], *settings.runtime(),
+                q, k, v, mean, order, queries, crow, order32, _or(slot_keep, query), _or(global_keep, query),
+                _or(valid, query), out, lse, pairs, H, N, query.shape[-1], *settings.runtime(),
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
                 **settings.meta(D, slot_keep, global_keep, valid),
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse)
+        ctx.save_for_backward(q, k, v, mean, query, order32, crow, slot_keep, global_keep, valid, lse)
         ctx.settings = settings
         ctx.mark_non_differentiable(pairs)
         # No zero-filled gradient for `pairs` (an integer count) on the way back.
@@ -410,7 +436,8 @@ class KeySlotAttentionTriton(torch.autograd.Function):
         dmean = torch.empty_like(mean, dtype=torch.float32)
         per_slot = torch.empty(2, *query.shape, dtype=torch.float32, device=q.device)  # dS * scale, p * factor
         per_global = torch.empty(2, num_rows, G, dtype=torch.float32, device=q.device)
-        parts = torch.zeros(2, B * H, G, D, dtype=torch.float32, device=q.device) if G else per_global
+        chunks = triton.cdiv(N, GLOBAL_CHUNK)
+        parts = torch.empty(chunks, 2, B * H, G, D, dtype=torch.float32, device=q.device) if G else per_global
         meta = settings.meta(D, slot_keep, global_keep, valid)
         if num_rows > 0:
             _slots_bwd_rows[(num_rows,)](
@@ -421,14 +448,14 @@ class KeySlotAttentionTriton(torch.autograd.Function):
                 TRUNCATE=settings.truncate, **meta,
             )  # fmt: skip
             if G:
-                _slots_bwd_global[(B * H, triton.cdiv(N, GLOBAL_CHUNK))](
+                _slots_bwd_global[(B * H, chunks)](
                     q, grad_out, per_global[0], per_global[1], parts, H, N, G, B * H,
                     *row_strides(q), *row_strides(grad_out),
                     D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_Q=BLOCK_Q, CHUNK=GLOBAL_CHUNK, num_warps=NUM_WARPS,
                 )  # fmt: skip
             _slots_bwd_keys[(triton.cdiv(num_rows, BLOCK_K),)](
                 q, grad_out, query, per_slot[0], per_slot[1], dmean, parts, dk, dv, H, N, S, G, num_rows, B * H,
-                *row_strides(q), *row_strides(grad_out), *row_strides(dk), *row_strides(dv),
+                chunks, *row_strides(q), *row_strides(grad_out), *row_strides(dk), *row_strides(dv),
                 D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_K=BLOCK_K, HAS_GLOBAL=G > 0, num_warps=NUM_WARPS,
             )  # fmt: skip
         return dq, dk, dv, dmean, None, None, None, None, None, None, None
@@ -469,19 +496,13 @@ def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
 
 def query_major_order(query: Tensor) -> tuple[Tensor, Tensor]:
     """Each head's slots in query-major order: their positions `(j, s)` within the head `(B*H, N*S)` int64, sorted by
-    query (stable, so a row's slots stay in key-major order; the dropped ones first), and CSR pointers `(B*H, N+1)`
-    int32 into them. No host sync."""
+    query (stable, so a row's slots stay in key-major order; the dropped ones first), and the sorted queries
+    `(B*H, N*S)` int32 (the forward kernel finds each row's slots among them). No host sync."""
     B, H, N, S = query.shape
     if N * S >= 2**31:
         raise ValueError(f"key-slot attention indexes a head's N*S = {N * S} slots with int32: at most 2**31 - 1")
     queries, order = torch.sort(query.reshape(B * H, N * S), dim=-1, stable=True)
-    return order, torch.searchsorted(queries, _row_starts(B * H, N, query.device), out_int32=True)
-
-
-@cached_constant
-def _row_starts(heads: int, length: int, device: torch.device) -> Tensor:
-    """`(heads, N + 1)` int32: `0 .. N` per head, the query rows whose first slot the CSR pointers find."""
-    return torch.arange(length + 1, dtype=torch.int32, device=device).repeat(heads, 1)
+    return order, queries
 
 
 def key_slot_attention_triton(
@@ -511,7 +532,7 @@ def key_slot_attention_triton(
     """
     check_dtypes(q, k, v)
     B, H, N, D = q.shape
-    order, crow = query_major_order(query)
+    order, queries = query_major_order(query)
     settings = _Settings(
         num_graph_slots=num_graph_slots,
         num_global=num_global,
@@ -525,5 +546,5 @@ def key_slot_attention_triton(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     views = [None if t is None else t.contiguous().view(torch.uint8) for t in (slot_keep, global_keep, key_valid)]
     mean = mean.to(torch.float32).contiguous()
-    out, pairs = KeySlotAttentionTriton.apply(q, k, v, mean, query.contiguous(), order, crow, *views, settings)
+    out, pairs = KeySlotAttentionTriton.apply(q, k, v, mean, query.contiguous(), order, queries, *views, settings)
     return out, pairs.view(B, H, N).sum(-1, dtype=torch.float32)
