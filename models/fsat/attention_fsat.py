@@ -11,7 +11,8 @@ Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.m
    `index_prior="key_position"`, ours and the default, `logit((j + 0.5) / L)` is added inside the sigmoid so that
    untrained keys predict queries around themselves); the edges are `(floor(I_bar_jm) -> j)`, plus in training
    uniformly drawn queries per key. Where the attention backend resolves to Triton, the prediction and the selection
-   are one kernel each way (`triton_index.py`; `predict_indices` and `select_slots` are its reference).
+   are one kernel each way (`attnzoo.kernels.triton.fsat_index`; `predict_indices` and `select_slots` are its
+   reference).
 5. Compute: segment softmax over each query's edges, times the Gaussian confidence `rho(i | I_bar, sigma^2)` (no
    renormalisation), through the kernel layer's key-slot attention (`attnzoo.kernels.key_slot_attention`): the edges
    stay in fixed slots per key, `-1` where dropped, so that selecting them needs no host sync. The confidence
@@ -33,7 +34,7 @@ from ..core.global_tokens import global_edges
 from ..core.masking import attention_bool_mask
 from ..kernels import dense_attention, key_slot_attention
 from ..kernels.constants import cached_constant
-from ..kernels.dispatch import TRITON_DTYPES, resolve_backend
+from ..kernels.dispatch import fsat_index_slots
 from ..kernels.key_slots import gaussian_confidence, key_slot_edges, truncate_positive_gradient
 from .configuration_fsat import FSATConfig
 from .pooling import antidiagonal_sums, central_token_merge, pooled_cross_fused
@@ -69,17 +70,6 @@ _cached_position_prior = cached_constant(_position_prior)
 def _minus_one(device: torch.device) -> torch.Tensor:
     """0-d fp32 -1 (a Python scalar in `torch.where` is wrapped into a new tensor on every call)."""
     return torch.full((), -1.0, device=device)
-
-
-def _index_kernels(backend: str, cross: torch.Tensor):
-    """[`attnzoo.fsat.triton_index`] where `backend` resolves to Triton for the cross, else None."""
-    if backend == "reference" or cross.dtype not in TRITON_DTYPES:
-        return None
-    if resolve_backend(backend, cross.device, cross.dtype) != "triton":
-        return None
-    from . import triton_index
-
-    return triton_index
 
 
 class FeatureMap(nn.Module):
@@ -459,11 +449,13 @@ class FSATAttention(ZooAttention):
         B, H, N, _ = q.shape
         lengths = None if valid is None else valid.sum(-1)  # (B,)
         g = self.global_positions(N)
-        kernels = None if output_attentions else _index_kernels(self.config.attention_backend, cross)
-        if kernels is not None:
+        fused = None
+        if not output_attentions:  # (the weights' path runs the reference)
+            fused = fsat_index_slots(self.config.attention_backend, cross.device, cross.dtype)
+        if fused is not None:
             # The Triton path: prediction and selection in one kernel (the same values as the two methods below).
             scale, prior = self.index_scale_and_prior(N, lengths, cross.device)
-            query, slot_mean = kernels.index_slots(
+            query, slot_mean = fused(
                 cross, self.index_predictor.weight, self.index_predictor.bias, prior, scale, valid,
                 self.num_heads, self.num_predicted, self.num_random if self.training else 0,
             )  # fmt: skip

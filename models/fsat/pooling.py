@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels.constants import cached_constant
-from ..kernels.dispatch import TRITON_DTYPES, resolve_backend
+from ..kernels.dispatch import fsat_pooling_kernels
 
 
 def fft_length(length: int) -> int:
@@ -114,7 +114,7 @@ def _shift_minus_one(length: int, dtype: torch.dtype, device: torch.device) -> T
 
 class _PooledCross(torch.autograd.Function):
     """[`pooled_cross_fused`]; `has_pairs` `(B or 1, N, 1)` bool marks the rows with a real pair; `kernels` is
-    [`attnzoo.fsat.triton_pooling`] for the Triton path (the elementwise steps between the transforms fused),
+    [`attnzoo.kernels.triton.fsat_pooling`] for the Triton path (the elementwise steps between the transforms fused),
     else None."""
 
     @staticmethod
@@ -222,7 +222,7 @@ def pooled_cross_fused(
         out_dtype (`torch.dtype`, *optional*): the output's dtype (rounded once, at the end); by default the FFT's.
         backend (`str`, *optional*, defaults to `"fast"`): an attention backend; where it resolves to Triton (and the
             feature maps are fp32, bf16 or fp16), the elementwise steps between the transforms run as Triton kernels
-            ([`attnzoo.fsat.triton_pooling`]: the same values with 9 torch ops less forward and 11 backward).
+            ([`attnzoo.kernels.triton.fsat_pooling`]: the same values with 9 torch ops less forward and 11 backward).
 
     Returns:
         `torch.Tensor` of shape `(B, N, D)` in `out_dtype`, by default fp32, or fp64 for fp64 inputs.
@@ -233,15 +233,4 @@ def pooled_cross_fused(
     length = f1.shape[1]
     has_pairs = _rows_below_last(length, f1.device) if valid is None else rows_with_pairs(valid, length, f1.device)
     out_dtype = _fft_dtype(f1.dtype) if out_dtype is None else out_dtype
-    return _PooledCross.apply(f1, f2, has_pairs, out_dtype, _pooling_kernels(backend, f1))
-
-
-def _pooling_kernels(backend: str, f1: Tensor):
-    """[`attnzoo.fsat.triton_pooling`] where `backend` resolves to Triton for `f1`, else None."""
-    if backend == "reference" or f1.dtype not in TRITON_DTYPES:
-        return None
-    if resolve_backend(backend, f1.device, f1.dtype) != "triton":
-        return None
-    from . import triton_pooling
-
-    return triton_pooling
+    return _PooledCross.apply(f1, f2, has_pairs, out_dtype, fsat_pooling_kernels(backend, f1.device, f1.dtype))

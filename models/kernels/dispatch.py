@@ -147,6 +147,30 @@ def fastrg_sampler(backend: str, device: torch.device) -> tuple[Callable[..., Te
     return kernels.fastrg_pair_ids_triton, kernels.fastrg_edge_list_triton
 
 
+def _method_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> ModuleType | None:
+    """attnzoo's Triton kernel module where `backend` runs the Triton kernels for a method's own `dtype` tensors on
+    `device`, else `None`: outside the attention primitives, inputs in another dtype (fp64) fall back to the
+    method's torch code rather than being refused."""
+    if backend == "reference" or dtype not in TRITON_DTYPES or resolve_backend(backend, device, dtype) != "triton":
+        return None
+    return _triton_kernels()
+
+
+def fsat_index_slots(backend: str, device: torch.device, dtype: torch.dtype) -> Callable[..., tuple] | None:
+    """FSAT's fused index prediction and slot selection (`fsat_index_slots_triton`) where `backend` runs the Triton
+    kernels for a `dtype` pooled cross on `device`, else `None`: the caller then runs its torch reference
+    (`FSATAttention.predict_indices` and `select_slots`)."""
+    kernels = _method_kernels(backend, device, dtype)
+    return None if kernels is None else kernels.fsat_index_slots_triton
+
+
+def fsat_pooling_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> ModuleType | None:
+    """The Triton kernels of FSAT's pooled cross between its transforms (`attnzoo.kernels.triton.fsat_pooling`) where
+    `backend` runs the Triton kernels for `dtype` feature maps on `device`, else `None` (the torch code)."""
+    kernels = _method_kernels(backend, device, dtype)
+    return None if kernels is None else kernels.fsat_pooling
+
+
 def uses_flex_attention(backend: str, device: torch.device, *dtypes: torch.dtype) -> bool:
     """Whether a block-sparse pattern runs through FlexAttention ([`attnzoo.kernels.flex`]) rather than the
     primitives below: with `"fast"` on CUDA where the Triton kernels could run (FlexAttention compiles to Triton).

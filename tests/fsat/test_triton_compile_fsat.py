@@ -24,7 +24,8 @@ SCRIPT = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from attnzoo.fsat import triton_index, triton_pooling
+    from attnzoo.kernels.triton import fsat_index as triton_index
+    from attnzoo.kernels.triton import fsat_pooling as triton_pooling
 
     FLOATS = {"scale_value"}
     INTS = {"N", "D", "H", "M", "S", "R"}  # sizes named in capitals, as the kernels' pointers are

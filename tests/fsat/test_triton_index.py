@@ -1,7 +1,8 @@
-"""FSAT's index prediction and slot selection on the Triton path ([`attnzoo.fsat.triton_index`]: one kernel from the
-pooled cross to the slots, one back) equal `predict_indices` + `select_slots`: the same slots, the predictions and the
-gradients of the cross, the predictor's weight and bias within fp32 round-off, in every configuration (shared
-predictor, padding, exploration slots, both scales, with and without the key-position prior, bf16)."""
+"""FSAT's index prediction and slot selection on the Triton path (`attnzoo.kernels.triton.fsat_index`: one kernel
+from the pooled cross to the slots, one back) equal `predict_indices` + `select_slots`: the same slots, the
+predictions and the gradients of the cross, the predictor's weight and bias within fp32 round-off, in every
+configuration (shared predictor, padding, exploration slots, both scales, with and without the key-position prior,
+bf16)."""
 
 from __future__ import annotations
 
@@ -44,13 +45,13 @@ def reference_slots(attention: FSATAttention, cross: torch.Tensor, valid: torch.
 
 
 def triton_slots(attention: FSATAttention, cross: torch.Tensor, valid: torch.Tensor | None):
-    from attnzoo.fsat import triton_index
+    from attnzoo.kernels.triton import fsat_index as triton_index
 
     lengths = None if valid is None else valid.sum(-1)
     scale, prior = attention.index_scale_and_prior(N, lengths, cross.device)
     random = attention.num_random if attention.training else 0
     predictor = attention.index_predictor
-    return triton_index.index_slots(
+    return triton_index.fsat_index_slots_triton(
         cross, predictor.weight, predictor.bias, prior, scale, valid, H, attention.num_predicted, random
     )
 

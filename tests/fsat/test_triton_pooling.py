@@ -1,4 +1,4 @@
-"""The pooled cross's Triton path ([`attnzoo.fsat.triton_pooling`]: the elementwise steps between the transforms
+"""The pooled cross's Triton path (`attnzoo.kernels.triton.fsat_pooling`: the elementwise steps between the transforms
 fused) equals its torch path, forward and backward, and the plain fp64 FFT within the low-precision tolerance; it
 launches its kernels instead of the torch glue, and writes nothing larger than the torch path does."""
 

@@ -1,4 +1,5 @@
-"""Triton kernels of the shared attention primitives (optional: needs `triton`, `pip install attnzoo[gpu]`).
+"""Triton kernels of the shared attention primitives and of the methods' own fused steps (optional: needs `triton`,
+`pip install attnzoo[gpu]`).
 
 Imported only by [`attnzoo.kernels.dispatch`] when a Triton implementation is asked for. With `TRITON_INTERPRET=1`
 in the environment at import time, `triton.jit` builds interpreter functions that run on CPU tensors with numpy
@@ -7,8 +8,10 @@ in the environment at import time, `triton.jit` builds interpreter functions tha
 
 from __future__ import annotations
 
+from . import fsat_pooling
 from .edgelist import _edge_fwd, edge_attention_triton
 from .fastrg import fastrg_edge_list_triton, fastrg_pair_ids_triton
+from .fsat_index import fsat_index_slots_triton
 from .gathered import gathered_attention_triton
 from .interpolated import interpolated_attention_triton
 from .key_slots import key_slot_attention_triton
@@ -28,6 +31,8 @@ __all__ = [
     "edge_attention_triton",
     "fastrg_edge_list_triton",
     "fastrg_pair_ids_triton",
+    "fsat_index_slots_triton",
+    "fsat_pooling",
     "gathered_attention_triton",
     "interpolated_attention_triton",
     "interpreted",

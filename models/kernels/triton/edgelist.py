@@ -22,6 +22,7 @@ from torch import Tensor
 from ..csr import row_pointers
 from ..edgelist import sort_edges
 from .launch import block_d, check_dtypes
+from .launch import pointer_or as _or
 
 # Edges per chunk: 16 with 4 warps compiled without register spills for d = 64 and 128 (sm_90, bf16, every option
 # on); 32 spilled in backward at d = 128 with fewer warps.
@@ -168,11 +169,6 @@ class EdgeAttentionTriton(torch.autograd.Function):
                 NEED_BIAS=need_bias, NEED_WEIGHT=need_weight, **_meta(D, bias, weight, keep),
             )  # fmt: skip
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dweight, None, None, None, None, None
-
-
-def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
-    # Absent optional inputs still need a pointer argument; the constexpr flags keep the kernel from reading it.
-    return placeholder if tensor is None else tensor
 
 
 def _meta(head_dim: int, bias, weight, keep) -> dict:

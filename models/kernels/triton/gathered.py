@@ -21,6 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .launch import check_dtypes, query_tile_meta, row_strides
+from .launch import pointer_or as _or
 
 
 @triton.jit
@@ -228,11 +229,6 @@ class GatheredAttentionTriton(torch.autograd.Function):
         dq = dq.view(B, H, Nq, D).to(q.dtype) if ctx.dot_product else None
         dk = dk.view(B, H, Nk, D).to(k.dtype) if ctx.dot_product else None
         return dq, dk, dv.view(B, H, Nk, D).to(v.dtype), dweight, dbias, None, None, None, None, None, None
-
-
-def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
-    # Absent optional inputs still need a pointer argument; the constexpr flags keep the kernel from reading it.
-    return placeholder if tensor is None else tensor
 
 
 def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep) -> dict:

@@ -29,6 +29,7 @@ from torch import Tensor
 from ..interpolated import replace_global_rows
 from .gathered import _load_rows, _query_block
 from .launch import check_dtypes, query_tile_meta, row_strides
+from .launch import pointer_or as _or
 
 
 @triton.jit
@@ -623,11 +624,6 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
         if dlogits is not None and dlogits.dtype != point_logits.dtype:
             dlogits = dlogits.to(point_logits.dtype)
         return dq, dkv[0] if reads_q else None, dkv[-1], doff, dlogits, None, None, None, None, None
-
-
-def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
-    # Absent optional inputs still need a pointer argument; the constexpr flags keep the kernel from reading it.
-    return placeholder if tensor is None else tensor
 
 
 def key_tables(key_valid: Tensor, block: int = 1024) -> tuple[Tensor, Tensor, Tensor]:

@@ -32,6 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .launch import block_d, check_dtypes, row_strides
+from .launch import pointer_or as _or
 
 BLOCK_E = 16  # edges per chunk (rows hold about M + R + g of them)
 BLOCK_K = 16  # keys per program of the key-major backward
@@ -487,11 +488,6 @@ class _Settings:
             "OWN_GLOBAL": self.own_global,
             "num_warps": NUM_WARPS,
         }
-
-
-def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
-    # Absent optional inputs still need a pointer argument; the constexpr flags keep the kernels from reading it.
-    return placeholder if tensor is None else tensor
 
 
 def query_major_order(query: Tensor) -> tuple[Tensor, Tensor]:

@@ -45,3 +45,9 @@ def query_tile_meta(head_dim: int) -> dict:
         "BLOCK_M": min(16, max(4, 1024 // width)),
         "num_warps": 4 if width <= 32 else 8,
     }
+
+
+def pointer_or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
+    """`tensor`, or `placeholder` for an absent optional input: a kernel still takes a pointer argument for it, and
+    a constexpr flag keeps the kernel from reading it."""
+    return placeholder if tensor is None else tensor

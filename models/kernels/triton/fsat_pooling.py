@@ -1,4 +1,4 @@
-"""Triton kernels of the fused pooled cross's elementwise steps ([`attnzoo.fsat.pooling`]), CUDA's path.
+"""Triton kernels of FSAT's fused pooled cross's elementwise steps ([`attnzoo.fsat.pooling`]), CUDA's path.
 
 The transforms stay cuFFT's; the kernels fuse what lies between them, each equal to the torch code it replaces in
 `pooling._PooledCross` (the same fp32 operations in the same order):

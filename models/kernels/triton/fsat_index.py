@@ -4,7 +4,7 @@ slots, one back to the predictor's input.
 The torch code they replace (`FSATAttention.predict_indices` and `select_slots`, which stay the reference and the CPU
 path) casts the cross, the weight and the bias to fp32, runs the linear, adds the key-position prior, applies the
 sigmoid and the scale, then floors the predictions, drops those out of range and appends the exploration slots (about
-ten ops forward, fifteen in training). [`index_slots`] computes the same in one kernel:
+ten ops forward, fifteen in training). [`fsat_index_slots_triton`] computes the same in one kernel:
 
 - the logits `cross W^T + b (+ prior)` in fp32: the tiles of the cross and of the weight are converted to fp32 in
   registers and multiplied in IEEE fp32 (no TF32), so the products of bf16 inputs are exact and the sums fp32, as in
@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from .launch import pointer_or as _or
 
 BLOCK_R = 32  # (example, key) rows per program
 BLOCK_K = 32  # channels per step of the products
@@ -252,12 +254,7 @@ class _IndexSlots(torch.autograd.Function):
         )
 
 
-def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
-    # Absent optional inputs still need a pointer argument; the constexpr flags keep the kernels from reading it.
-    return placeholder if tensor is None else tensor
-
-
-def index_slots(
+def fsat_index_slots_triton(
     cross: Tensor,
     weight: Tensor,
     bias: Tensor,
