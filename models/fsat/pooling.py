@@ -233,4 +233,14 @@ def pooled_cross_fused(
     length = f1.shape[1]
     has_pairs = _rows_below_last(length, f1.device) if valid is None else rows_with_pairs(valid, length, f1.device)
     out_dtype = _fft_dtype(f1.dtype) if out_dtype is None else out_dtype
-    return _PooledCross.apply(f1, f2, has_pairs, out_dtype, fsat_pooling_kernels(backend, f1.device, f1.dtype))
+    kernels = fsat_pooling_kernels(backend, f1.device, f1.dtype)
+    if kernels is None:
+        return _PooledCross.apply(f1, f2, has_pairs, out_dtype, None)
+    return _pooled_cross_triton(f1, f2, has_pairs, out_dtype, kernels)
+
+
+# A compiler boundary, as for FSAT's edge kernels (`FSATAttention.sparse_attend`): the Function launching Triton
+# kernels from its forward and backward runs eagerly under `torch.compile` (one graph break), the rest is compiled.
+@torch.compiler.disable
+def _pooled_cross_triton(f1: Tensor, f2: Tensor, has_pairs: Tensor, out_dtype: torch.dtype, kernels) -> Tensor:
+    return _PooledCross.apply(f1, f2, has_pairs, out_dtype, kernels)
