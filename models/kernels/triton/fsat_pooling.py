@@ -60,18 +60,25 @@ def _cmul(ar, ai, br, bi):
 
 
 @triton.jit
-def _forward_spectrum(P_HAT, Q_HAT, W, OUT, n, D, sp_b, sp_k, sp_d, sq_b, sq_k, sq_d, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # b * n + k
-    b = row // n
-    k = row % n
+def _spectral_row(n, D, BLOCK: tl.constexpr):
+    """This program's frequency row `b * n + k` of a `(B, n, D)` spectrum and its block of channels."""
+    row = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = d < D
-    p = P_HAT + b * sp_b + k * sp_k + d * sp_d
-    q = Q_HAT + b * sq_b + k * sq_k + d * sq_d
-    pr = tl.load(p, mask=ok, other=0.0)
-    pi = tl.load(p + 1, mask=ok, other=0.0)
-    qr = tl.load(q, mask=ok, other=0.0)
-    qi = tl.load(q + 1, mask=ok, other=0.0)
+    return row, row // n, row % n, d, d < D
+
+
+@triton.jit
+def _load_complex(X, b, k, d, ok, s_b, s_k, s_d):
+    """Real and imaginary parts of `X[b, k, d]` (a complex tensor read through `view_as_real` strides)."""
+    x = X + b * s_b + k * s_k + d * s_d
+    return tl.load(x, mask=ok, other=0.0), tl.load(x + 1, mask=ok, other=0.0)
+
+
+@triton.jit
+def _forward_spectrum(P_HAT, Q_HAT, W, OUT, n, D, sp_b, sp_k, sp_d, sq_b, sq_k, sq_d, BLOCK: tl.constexpr):
+    row, b, k, d, ok = _spectral_row(n, D, BLOCK)
+    pr, pi = _load_complex(P_HAT, b, k, d, ok, sp_b, sp_k, sp_d)
+    qr, qi = _load_complex(Q_HAT, b, k, d, ok, sq_b, sq_k, sq_d)
     wr = tl.load(W + 2 * k)
     wi = tl.load(W + 2 * k + 1)
     sr, si = _cmul(qr, qi, qr, qi)
@@ -119,20 +126,10 @@ def _backward_products(
     GRAD_HAT, P_HAT, Q_HAT, W, EVEN, ODD, n, D, sg_b, sg_k, sg_d, sp_b, sp_k, sp_d, sq_b, sq_k, sq_d,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)  # b * n + k
-    b = row // n
-    k = row % n
-    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = d < D
-    p = P_HAT + b * sp_b + k * sp_k + d * sp_d
-    q = Q_HAT + b * sq_b + k * sq_k + d * sq_d
-    pr = tl.load(p, mask=ok, other=0.0)
-    pi = tl.load(p + 1, mask=ok, other=0.0)
-    qr = tl.load(q, mask=ok, other=0.0)
-    qi = tl.load(q + 1, mask=ok, other=0.0)
-    g = GRAD_HAT + b * sg_b + k * sg_k + d * sg_d
-    gr = tl.load(g, mask=ok, other=0.0)
-    gi = tl.load(g + 1, mask=ok, other=0.0)
+    row, b, k, d, ok = _spectral_row(n, D, BLOCK)
+    pr, pi = _load_complex(P_HAT, b, k, d, ok, sp_b, sp_k, sp_d)
+    qr, qi = _load_complex(Q_HAT, b, k, d, ok, sq_b, sq_k, sq_d)
+    gr, gi = _load_complex(GRAD_HAT, b, k, d, ok, sg_b, sg_k, sg_d)
     wr = tl.load(W + 2 * k)
     wi = tl.load(W + 2 * k + 1)
     er, ei = _cmul(gr, gi, pr, pi)
