@@ -51,9 +51,11 @@ for n, k, m, has_qv, has_kv, ones in [
 CUMS = {"SEED": "*i64", "ENDS": "*fp64", "ROW_CUM": "*i32", "CLUSTER_CUM": "*i32", "KEY_CUM": "*i32",
         "QV_CUM": "*i32", "KV_CUM": "*i32", "QUERY_VALID": "*i32", "KEY_VALID": "*i32", "STRUCT": "*fp64"}
 # (ids, padded queries, padded keys, causal, structural pairs, ones): training with padding, a self loop and one
-# global column (num_diagonals = num_columns = 1); a causal decoder without structural pairs; given structural ids.
+# global column (num_diagonals = num_columns = 1), and without padding; a causal decoder without structural pairs;
+# given structural ids.
 for ids, has_qv, has_kv, causal, structural, ones in [
     ("i32", True, True, False, "pairs", ("num_diagonals", "num_columns")),
+    ("i32", False, False, False, "pairs", ()),
     ("i64", False, False, True, None, ()),
     ("i32", True, False, False, "ids", ()),
     ("i64", True, True, True, "pairs", ()),
@@ -118,8 +120,10 @@ MODES = {name: index for index, name in enumerate(sampling.SAMPLER_FUNCTIONS)}
 # `num_global` 1 with a CLS token. The flat sketch (no sketch yet: (B, N, 1) fp32 zeros) has unit row strides.
 CASES = [
     ("squared_inverse_log", "*bf16", 4, True, "*i64", True, False, ("example_step", "num_global")),
-    ("squared_inverse_log", "*fp32", 4, False, "i32", True, False, ()),
+    ("squared_inverse_log", "*fp32", 4, True, "i32", True, False, ()),
+    ("squared_inverse_log", "*bf16", 4, False, "i32", True, False, ("num_global",)),
     ("topk", "*bf16", 4, True, "i32", False, False, ("num_global",)),
+    ("topk", "*fp32", 4, False, "i32", False, False, ()),
     ("inverse_log", "*bf16", 4, False, "i64", True, False, ("example_step",)),
     ("raw", "*fp32", 1, True, "*i64", True, False, ("example_step", "sq_n", "sk_n")),
     ("random", "*bf16", 4, True, "*i64", False, False, ("example_step",)),  # num_proposals = 0: the scan only
@@ -145,10 +149,14 @@ compile_kernel(interpolated._real_neighbours, {"BLOCK": 1024},
 
 # (d, points, global keys, causal, reflect, padding, point logits, dropout keep, global rows in the kernels, dense
 # dtype, gradient of the offsets): training with dropout (the global rows outside the kernels), training without
-# dropout or eval (the rows inside), the linear weight mode (causal), its global rows with frozen offsets, d = 32.
+# dropout or eval (the rows inside; clamp and reflect, with and without padding), the linear weight mode (with
+# dropout; causal), its global rows with frozen offsets, d = 32.
 CASES = [
     (64, 10, 1, False, False, True, False, True, False, "*bf16", True),
+    (64, 10, 1, False, False, True, False, False, True, "*bf16", True),
     (64, 10, 1, False, True, True, False, False, True, "*bf16", True),
+    (64, 10, 1, False, False, False, False, False, True, "*fp32", True),
+    (64, 10, 1, False, False, True, True, True, False, "*bf16", True),
     (128, 10, 0, True, False, False, True, True, False, "*bf16", True),
     (64, 4, 2, False, False, True, True, False, True, "*fp32", False),
     (32, 10, 0, False, False, False, False, False, False, "*fp16", True),
