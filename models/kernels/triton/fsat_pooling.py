@@ -32,12 +32,17 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _pack_halves(F1, F2, P, Q, N, n, D, sf1_b, sf1_n, sf2_b, sf2_n, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # b * n + r
-    b = row // n
-    r = row % n
+def _row_block(length, D, BLOCK: tl.constexpr):
+    """This program's row `b * length + t` of a `(B, length, D)` tensor (tokens or frequencies), `b`, `t`, and its
+    block of channels with their mask."""
+    row = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = d < D
+    return row, row // length, row % length, d, d < D
+
+
+@triton.jit
+def _pack_halves(F1, F2, P, Q, N, n, D, sf1_b, sf1_n, sf2_b, sf2_n, BLOCK: tl.constexpr):
+    row, b, r, d, ok = _row_block(n, D, BLOCK)
     even = 2 * r
     odd = even + 1
     # The channels of a token past the last one are masked (zero padding).
@@ -60,14 +65,6 @@ def _cmul(ar, ai, br, bi):
 
 
 @triton.jit
-def _spectral_row(n, D, BLOCK: tl.constexpr):
-    """This program's frequency row `b * n + k` of a `(B, n, D)` spectrum and its block of channels."""
-    row = tl.program_id(0).to(tl.int64)
-    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    return row, row // n, row % n, d, d < D
-
-
-@triton.jit
 def _load_complex(X, b, k, d, ok, s_b, s_k, s_d):
     """Real and imaginary parts of `X[b, k, d]` (a complex tensor read through `view_as_real` strides)."""
     x = X + b * s_b + k * s_k + d * s_d
@@ -76,11 +73,10 @@ def _load_complex(X, b, k, d, ok, s_b, s_k, s_d):
 
 @triton.jit
 def _forward_spectrum(P_HAT, Q_HAT, W, OUT, n, D, sp_b, sp_k, sp_d, sq_b, sq_k, sq_d, BLOCK: tl.constexpr):
-    row, b, k, d, ok = _spectral_row(n, D, BLOCK)
+    row, b, k, d, ok = _row_block(n, D, BLOCK)
     pr, pi = _load_complex(P_HAT, b, k, d, ok, sp_b, sp_k, sp_d)
     qr, qi = _load_complex(Q_HAT, b, k, d, ok, sq_b, sq_k, sq_d)
-    wr = tl.load(W + 2 * k)
-    wi = tl.load(W + 2 * k + 1)
+    wr, wi = _load_complex(W, 0, k, 0, True, 0, 2, 0)  # the twiddle of frequency k
     sr, si = _cmul(qr, qi, qr, qi)
     sr, si = _cmul(sr, si, wr, wi)
     ppr, ppi = _cmul(pr, pi, pr, pi)
@@ -93,11 +89,7 @@ def _forward_spectrum(P_HAT, Q_HAT, W, OUT, n, D, sp_b, sp_k, sp_d, sq_b, sq_k, 
 def _finish_forward(
     POOLED, F1, F2, PAIRS, OUT, N, D, sp_b, sp_k, sp_d, sf1_b, sf1_n, sf2_b, sf2_n, pairs_b, BLOCK: tl.constexpr
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)  # b * N + t
-    b = row // N
-    t = row % N
-    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = d < D
+    row, b, t, d, ok = _row_block(N, D, BLOCK)
     pooled = tl.load(POOLED + b * sp_b + t * sp_k + d * sp_d + 1, mask=ok, other=0.0)  # imaginary part
     a = tl.load(F1 + b * sf1_b + t * sf1_n + d, mask=ok, other=0.0).to(tl.float32)
     c = tl.load(F2 + b * sf2_b + t * sf2_n + d, mask=ok, other=0.0).to(tl.float32)
@@ -108,11 +100,7 @@ def _finish_forward(
 
 @triton.jit
 def _complex_grad(GRAD, PAIRS, OUT, N, n, D, sg_b, sg_n, pairs_b, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # b * n + t
-    b = row // n
-    t = row % n
-    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = d < D
+    row, b, t, d, ok = _row_block(n, D, BLOCK)
     real = d < tl.where(t < N, D, 0)  # the rows past the last token are the transform's zero padding
     keep = tl.load(PAIRS + b * pairs_b + tl.minimum(t, N - 1)).to(tl.float32)
     g = tl.load(GRAD + b * sg_b + t * sg_n + d, mask=real, other=0.0).to(tl.float32) * keep
@@ -126,12 +114,11 @@ def _backward_products(
     GRAD_HAT, P_HAT, Q_HAT, W, EVEN, ODD, n, D, sg_b, sg_k, sg_d, sp_b, sp_k, sp_d, sq_b, sq_k, sq_d,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    row, b, k, d, ok = _spectral_row(n, D, BLOCK)
+    row, b, k, d, ok = _row_block(n, D, BLOCK)
     pr, pi = _load_complex(P_HAT, b, k, d, ok, sp_b, sp_k, sp_d)
     qr, qi = _load_complex(Q_HAT, b, k, d, ok, sq_b, sq_k, sq_d)
     gr, gi = _load_complex(GRAD_HAT, b, k, d, ok, sg_b, sg_k, sg_d)
-    wr = tl.load(W + 2 * k)
-    wi = tl.load(W + 2 * k + 1)
+    wr, wi = _load_complex(W, 0, k, 0, True, 0, 2, 0)  # the twiddle of frequency k
     er, ei = _cmul(gr, gi, pr, pi)
     xr, xi = _cmul(wr, wi, qr, qi)
     hr, hi = _cmul(pr + xr * 2.0, pi + xi * 2.0, gr, gi)
@@ -147,11 +134,7 @@ def _finish_backward(
     EVEN, ODD, GRAD, F1, F2, PAIRS, DF1, DF2, N, D, se_b, se_k, se_d, so_b, so_k, so_d,
     sg_b, sg_n, sf1_b, sf1_n, sf2_b, sf2_n, pairs_b, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)  # b * N + t
-    b = row // N
-    t = row % N
-    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = d < D
+    row, b, t, d, ok = _row_block(N, D, BLOCK)
     # Token t's correlations: row t // 2 of the even tokens' transform or of the odd ones'.
     is_even = d < tl.where(t % 2 == 0, D, 0)
     is_odd = d < tl.where(t % 2 == 1, D, 0)
