@@ -33,7 +33,7 @@ from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import global_edges
 from ..core.masking import attention_bool_mask
 from ..kernels import dense_attention, key_slot_attention
-from ..kernels.constants import cached_constant
+from ..kernels.constants import cached_constant, scalar
 from ..kernels.dispatch import fsat_index_slots
 from ..kernels.key_slots import gaussian_confidence, key_slot_edges, truncate_positive_gradient
 from .configuration_fsat import FSATConfig
@@ -64,12 +64,6 @@ def _position_prior(length: int, scale: float | torch.Tensor, device: torch.devi
 
 #: The prior at a fixed scale (no padding, or `index_scale="max_length"`): one per (length, scale, device).
 _cached_position_prior = cached_constant(_position_prior)
-
-
-@cached_constant
-def _minus_one(device: torch.device) -> torch.Tensor:
-    """0-d fp32 -1 (a Python scalar in `torch.where` is wrapped into a new tensor on every call)."""
-    return torch.full((), -1.0, device=device)
 
 
 class FeatureMap(nn.Module):
@@ -275,7 +269,7 @@ class FSATAttention(ZooAttention):
             mean = mean.contiguous()
         predicted = mean.detach()  # (B, H, N, M); >= 0, so the cast to int32 below is the floor
         # -1 (dropped) out of range, and for NaN, which fails the comparison.
-        index = torch.where(predicted < N, predicted, _minus_one(mean.device)).to(torch.int32)
+        index = torch.where(predicted < N, predicted, scalar(-1.0, torch.float32, mean.device)).to(torch.int32)
         slot_mean = mean
         if explore:
             R = self.num_random
