@@ -35,7 +35,12 @@ from ..core.masking import attention_bool_mask
 from ..kernels import dense_attention, key_slot_attention
 from ..kernels.constants import cached_constant, scalar
 from ..kernels.dispatch import fsat_index_slots
-from ..kernels.key_slots import gaussian_confidence, key_slot_edges, truncate_positive_gradient
+from ..kernels.key_slots import (
+    gaussian_confidence,
+    key_slot_edges,
+    real_positions_first,
+    truncate_positive_gradient,
+)
 from .configuration_fsat import FSATConfig
 from .pooling import antidiagonal_sums, central_token_merge, pooled_cross_fused
 from .recompute import linear_of_recomputed
@@ -278,8 +283,7 @@ class FSATAttention(ZooAttention):
                 random_index = (u * N).to(torch.int32).clamp(max=N - 1)
             else:
                 lengths = valid.sum(-1)  # (B,)
-                # Real positions first (stable), so rank r < N_b maps to the r-th real token whatever the padding.
-                real_positions = torch.sort((~valid).to(torch.int8), dim=-1, stable=True)[1]  # (B, N)
+                real_positions = real_positions_first(valid)  # (B, N)
                 rank = (u * lengths.view(B, 1, 1, 1)).long().clamp(max=N - 1)
                 random_index = real_positions.gather(1, rank.view(B, -1)).view(B, H, N, R).to(torch.int32)
             index = torch.cat([index, random_index], dim=-1)  # (B, H, N, M + R)

@@ -52,6 +52,17 @@ def truncate_positive_gradient(x: Tensor) -> Tensor:
     return _TruncatePositiveGradient.apply(x)
 
 
+def real_positions_first(valid: Tensor) -> Tensor:
+    """`(B, N)` int64: each example's positions with its real tokens first, in order (a stable sort), so that rank
+    `r` below the example's number of real tokens names its `r`-th real token whatever the padding (the exploration
+    slots' uniform draw over the real queries).
+
+    Args:
+        valid (`torch.BoolTensor` of shape `(B, N)`): real tokens.
+    """
+    return torch.sort((~valid).to(torch.int8), dim=-1, stable=True)[1]
+
+
 def gaussian_confidence(index: Tensor, mean: Tensor, variance: float, normalized: bool) -> Tensor:
     """`rho(index | mean, variance)`: Gaussian density of the (constant) integer index around the prediction.
 

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..key_slots import real_positions_first
 from .launch import pointer_or as _or
 
 BLOCK_R = 32  # (example, key) rows per program
@@ -287,8 +288,7 @@ def fsat_index_slots_triton(
         u = torch.rand(B, num_heads, N, num_random, device=cross.device)
         if valid is not None:
             lengths = valid.sum(-1, dtype=torch.float32)  # (B,)
-            # Real positions first (stable), so rank r < N_b maps to the r-th real token whatever the padding.
-            real_positions = torch.sort((~valid).to(torch.int8), dim=-1, stable=True)[1]  # (B, N)
+            real_positions = real_positions_first(valid)  # (B, N), as the reference draws them
     per_example = isinstance(scale, Tensor)
     settings = IndexSettings(
         num_heads=num_heads,
