@@ -139,18 +139,13 @@ class SBMAttention(ZooAttention):
         """`MLP(x)` of queries or keys `(B, H, N, d)`, in fp32."""
         return self.membership_mlp(x.to(self.clusters.dtype)).float()
 
-    def memberships(
-        self,
-        x: torch.Tensor,
-        valid: torch.Tensor | None,
-        clusters: torch.Tensor | None = None,
-        features: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """`σ(MLP(x) Cᵀ)` in fp32, `(B, H, N, k)`; rows of padded positions are zero (they get no edge). `clusters`:
-        the fp32 cluster embeddings, and `features`: `MLP(x)`, if the caller has them (then `x` is not read)."""
-        hidden = self.membership_features(x) if features is None else features
-        clusters = self.clusters.float() if clusters is None else clusters
-        logits = hidden @ clusters.transpose(-1, -2)[None]  # (B, H, N, k)
+    def memberships(self, x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """`σ(MLP(x) Cᵀ)` in fp32, `(B, H, N, k)`; rows of padded positions are zero (they get no edge)."""
+        return self._memberships_of(self.membership_features(x), valid, self.clusters.float())
+
+    def _memberships_of(self, features: torch.Tensor, valid: torch.Tensor | None, clusters: torch.Tensor):
+        """[`memberships`] from `MLP(x)` `(B, H, N, d)` and the fp32 cluster embeddings `(H, k, d)`."""
+        logits = features @ clusters.transpose(-1, -2)[None]  # (B, H, N, k)
         memb = torch.sigmoid(logits + self.config.membership_logit_bias)
         return memb if valid is None else memb * valid[:, None, :, None]
 
@@ -170,15 +165,14 @@ class SBMAttention(ZooAttention):
         the FFN activation at 128 clusters); `joint` `(2B, H, n, d)`: that stack, if the caller holds `q` and `k` in
         it.
         """
+        if q.shape == k.shape:
+            joint = torch.cat([q, k]) if joint is None else joint  # (2B, H, n, d)
+            q_features, k_features = self.membership_features(self.unrotated(joint)).split(q.shape[0])
+        else:
+            q_features, k_features = (self.membership_features(self.unrotated(t)) for t in (q, k))
         clusters = self.clusters.float()  # (H, k, d)
-        if q.shape != k.shape:
-            q_memb = self.memberships(self.unrotated(q), query_valid, clusters)
-            k_memb = self.memberships(self.unrotated(k), key_valid, clusters)
-            return q_memb, k_memb, self.block_matrix(clusters)
-        joint = torch.cat([q, k]) if joint is None else joint  # (2B, H, n, d)
-        q_features, k_features = self.membership_features(self.unrotated(joint)).split(q.shape[0])
-        q_memb = self.memberships(q, query_valid, clusters, q_features)
-        k_memb = self.memberships(k, key_valid, clusters, k_features)
+        q_memb = self._memberships_of(q_features, query_valid, clusters)
+        k_memb = self._memberships_of(k_features, key_valid, clusters)
         return q_memb, k_memb, self.block_matrix(clusters)
 
     def allowed_pairs(
