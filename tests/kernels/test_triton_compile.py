@@ -41,7 +41,8 @@ compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=F
 for head_dim, flag in ((64, True), (64, False), (128, True)):
     meta = edgelist._meta(head_dim, *(given if flag else absent for _ in range(3)))
     compile_kernel(edgelist._edge_fwd, meta, DTYPES)
-    compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag), DTYPES)
+    # dq is written once per row, in q's dtype
+    compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag), dict(DTYPES, DQ="*bf16"))
 """
 
 

@@ -93,8 +93,8 @@ def _edge_fwd(
 
 @triton.jit
 def _edge_bwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, DO, LSE, DELTA, DQ, DK, DV, DBIAS, DWEIGHT,
-    scale, keep_scale, sq, sk, sv, sdo,
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT,
+    scale, keep_scale, sq, sk, sv, sdo, so,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
@@ -102,7 +102,8 @@ def _edge_bwd(
     row, start, end, dim, dim_ok, q = _query_row(Q, CROW, sq, D, BLOCK_D)
     do = tl.load(DO + row * sdo + dim, mask=dim_ok, other=0.0).to(tl.float32)
     lse = tl.load(LSE + row + tl.arange(0, 1))  # (1,)
-    delta = tl.load(DELTA + row + tl.arange(0, 1))  # rowsum(dO * O)
+    out = tl.load(OUT + row * so + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    delta = tl.sum(do * out, 0)  # rowsum(dO * O), of the output as written
     dq = tl.zeros([BLOCK_D], tl.float32)
     for e0 in range(start, end, BLOCK_E):
         edge, ok, mask, col, k_rows, v_rows, score = _edge_chunk(
@@ -124,7 +125,7 @@ def _edge_bwd(
         # dK / dV are fp32 contiguous (C, D) buffers shared by every row: atomic adds.
         tl.atomic_add(DK + col[:, None] * D + dim[None, :], (grad_s * scale)[:, None] * q[None, :], mask=mask)
         tl.atomic_add(DV + col[:, None] * D + dim[None, :], (p * factor)[:, None] * do[None, :], mask=mask)
-    tl.store(DQ + row * D + dim, dq, mask=dim_ok)
+    tl.store(DQ + row * D + dim, dq.to(DQ.dtype.element_ty), mask=dim_ok)
 
 
 class EdgeAttentionTriton(torch.autograd.Function):
@@ -155,20 +156,22 @@ class EdgeAttentionTriton(torch.autograd.Function):
         need_weight = weight is not None and ctx.needs_input_grad[4]
         if grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
-        delta = (grad_out.float() * out.float()).sum(-1)  # (R,)
-        dq = torch.zeros(num_rows, D, dtype=torch.float32, device=q.device)
-        dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
-        dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
-        dbias = torch.zeros(cols.shape, dtype=torch.float32, device=q.device) if need_bias else None
-        dweight = torch.zeros(cols.shape, dtype=torch.float32, device=q.device) if need_weight else None
+        # Each row's program writes its dq once; the keys' and values' gradients are atomic fp32 sums, and the edge
+        # gradients leave the padding edges untouched: those start from zero, all in one buffer.
+        dq = torch.empty(num_rows, D, dtype=q.dtype, device=q.device)
+        sizes = (k.numel(), v.numel(), cols.numel() if need_bias else 0, cols.numel() if need_weight else 0)
+        dk, dv, dbias, dweight = torch.zeros(sum(sizes), dtype=torch.float32, device=q.device).split(sizes)
+        dk, dv = dk.view(k.shape), dv.view(v.shape)
+        dbias = dbias if need_bias else None
+        dweight = dweight if need_weight else None
         if num_rows > 0:
             _edge_bwd[(num_rows,)](
-                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), grad_out, lse, delta,
-                dq, dk, dv, _or(dbias, dq), _or(dweight, dq), ctx.scale, ctx.keep_scale,
-                q.stride(0), k.stride(0), v.stride(0), grad_out.stride(0),
+                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), grad_out, out, lse,
+                dq, dk, dv, _or(dbias, dk), _or(dweight, dk), ctx.scale, ctx.keep_scale,
+                q.stride(0), k.stride(0), v.stride(0), grad_out.stride(0), out.stride(0),
                 NEED_BIAS=need_bias, NEED_WEIGHT=need_weight, **_meta(D, bias, weight, keep),
             )  # fmt: skip
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dbias, dweight, None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), dbias, dweight, None, None, None, None, None
 
 
 def _meta(head_dim: int, bias, weight, keep) -> dict:
