@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..kernels.constants import scalar
 from ..kernels.csr import row_pointers
 from .sampling import _GOLDEN, mix_bits_
 
@@ -204,7 +205,7 @@ def _draw_totals(
     positions."""
     rates = inputs.rates  # (B, H)
     if inputs.query_counts is None and inputs.key_counts is None:
-        explore = torch.full_like(rates, delta * n * m)
+        explore = scalar(delta * n * m, rates.dtype, rates.device).expand_as(rates)  # made once per length
     else:
         queries = n if inputs.query_counts is None else inputs.query_counts  # (B, 1)
         keys = m if inputs.key_counts is None else inputs.key_counts
