@@ -171,6 +171,18 @@ def fsat_pooling_kernels(backend: str, device: torch.device, dtype: torch.dtype)
     return None if kernels is None else kernels.fsat_pooling
 
 
+def sbm_selection_kernels(
+    backend: str, device: torch.device, dtype: torch.dtype, head_dim: int, num_clusters: int
+) -> ModuleType | None:
+    """SBM's fused membership network and block matrix (`attnzoo.kernels.triton.memberships`) where `backend` runs
+    the Triton kernels for `dtype` parameters on `device` and the kernels take the head size and number of clusters,
+    else `None`: the caller then runs its torch reference (`SBMAttention.selection`)."""
+    kernels = _method_kernels(backend, device, dtype)
+    if kernels is None or not kernels.memberships.membership_kernels_support(head_dim, num_clusters):
+        return None
+    return kernels.memberships
+
+
 def uses_flex_attention(backend: str, device: torch.device, *dtypes: torch.dtype) -> bool:
     """Whether a block-sparse pattern runs through FlexAttention ([`attnzoo.kernels.flex`]) rather than the
     primitives below: with `"fast"` on CUDA where the Triton kernels could run (FlexAttention compiles to Triton).

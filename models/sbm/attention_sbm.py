@@ -10,6 +10,7 @@ sampled graph.
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 
 import torch
 import transformers.initialization as init
@@ -27,7 +28,7 @@ from ..kernels import (
     gated_attention,
     unflatten_heads,
 )
-from ..kernels.dispatch import fastrg_sampler, resolve_backend
+from ..kernels.dispatch import fastrg_sampler, resolve_backend, sbm_selection_kernels
 from .budget import EdgeBudget, reads_draw_counts
 from .configuration_sbm import SBMConfig
 from .fastrg import FastRGKernels, StructuralPairs, dropout_keep, fastrg_edges
@@ -123,9 +124,18 @@ class SBMAttention(ZooAttention):
 
     # ----- selection -------------------------------------------------------------------------------------------
 
+    def selection_kernels(self, device: torch.device) -> ModuleType | None:
+        """The fused membership network and block matrix on `device` (`attnzoo.kernels.triton.memberships`) where the
+        attention backend runs the Triton kernels, else `None` (the torch code of [`selection`])."""
+        return sbm_selection_kernels(
+            self.config.attention_backend, device, self.clusters.dtype, self.head_dim, self.clusters.shape[1]
+        )
+
     def block_matrix(self, clusters: torch.Tensor | None = None) -> torch.Tensor:
-        """`Ŝ` of every head, `(H, k, k)`, a softmax over all k² entries of `C Cᵀ` (so every `p_ij` is in [0, 1]);
-        `clusters`: the fp32 cluster embeddings, if the caller has them."""
+        """`Ŝ` of every head, `(H, k, k)` fp32, a softmax over all k² entries of `C Cᵀ` (so every `p_ij` is in
+        [0, 1]); `clusters`: the fp32 cluster embeddings, if the caller has them (the torch code)."""
+        if clusters is None and (kernels := self.selection_kernels(self.clusters.device)) is not None:
+            return kernels.block_matrix_triton(self.clusters)
         clusters = self.clusters.float() if clusters is None else clusters
         logits = clusters @ clusters.transpose(-1, -2)  # (H, k, k)
         return logits.flatten(1).softmax(-1).view_as(logits)
@@ -134,6 +144,14 @@ class SBMAttention(ZooAttention):
         """The queries or keys `(B, H, N, d)` the memberships read: with rotary positions, before the rotation (a
         token's clusters are about its content; the rotation, which the logits keep, already carries the offsets)."""
         return apply_rotary(x, inverse=True) if self.rotary else x
+
+    def membership_weights(self) -> tuple[nn.Parameter, nn.Parameter, nn.Parameter, nn.Parameter]:
+        """The membership MLP's `(weight1, bias1, weight2, bias2)`: `nn.Linear`'s when shared by the heads, else
+        [`HeadwiseMLP`]'s."""
+        mlp = self.membership_mlp
+        if isinstance(mlp, HeadwiseMLP):
+            return mlp.weight1, mlp.bias1, mlp.weight2, mlp.bias2
+        return mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias
 
     def membership_features(self, x: torch.Tensor) -> torch.Tensor:
         """`MLP(x)` of queries or keys `(B, H, N, d)`, in fp32."""
@@ -165,6 +183,13 @@ class SBMAttention(ZooAttention):
         the FFN activation at 128 clusters); `joint` `(2B, H, n, d)`: that stack, if the caller holds `q` and `k` in
         it.
         """
+        kernels = self.selection_kernels(q.device)
+        if kernels is not None:  # the network and the memberships in one kernel per input (two in backward)
+            q_memb, k_memb = kernels.memberships_triton(
+                ((self.unrotated(q), query_valid), (self.unrotated(k), key_valid)), *self.membership_weights(),
+                self.clusters, logit_bias=self.config.membership_logit_bias, shared=self.config.shared_membership_mlp,
+            )  # fmt: skip
+            return q_memb, k_memb, kernels.block_matrix_triton(self.clusters)
         if q.shape == k.shape:
             joint = torch.cat([q, k]) if joint is None else joint  # (2B, H, n, d)
             q_features, k_features = self.membership_features(self.unrotated(joint)).split(q.shape[0])

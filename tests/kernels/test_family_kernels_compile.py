@@ -1,6 +1,6 @@
 """SBM's, Smart Bird's and A²-Former's own Triton kernels compile for the GPU (sm_90), on a machine without one: the
-fastRG sampler and edge list, the CSR products, the edge attention on int32 columns, the attentive sampler and the
-interpolated attention (the harness: `tests/triton_compile.py`).
+fastRG sampler and edge list, the CSR products, the edge attention on int32 columns, SBM's membership network and
+block matrix, the attentive sampler and the interpolated attention (the harness: `tests/triton_compile.py`).
 
 Each case is a launch its Python wrapper makes: the pointer dtypes it passes (placeholders for absent inputs
 included: they are typed pointers too), the int arguments that are constexpr, those a launch specialises to the
@@ -101,8 +101,8 @@ for cols, x, y, width in [("*i32", "*fp32", "*fp32", 128), ("*i64", "*fp32", "*f
 # edge weight (q is its placeholder), the dropout keep-mask as uint8 or absent (the columns are its placeholder).
 given = object()
 for width, keep, dtype in [(64, True, "*bf16"), (64, False, "*bf16"), (128, True, "*fp32")]:
-    pointers = {"Q": dtype, "K": dtype, "V": dtype, "OUT": dtype, "DO": dtype, "WEIGHT": dtype, "CROW": "*i64",
-                "COLS": "*i32", "KEEP": "*u8" if keep else "*i32"}
+    pointers = {"Q": dtype, "K": dtype, "V": dtype, "OUT": dtype, "DO": dtype, "DQ": dtype, "WEIGHT": dtype,
+                "CROW": "*i64", "COLS": "*i32", "KEEP": "*u8" if keep else "*i32"}
     meta = edgelist._meta(width, given, None, given if keep else None)
     compile_kernel(edgelist._edge_fwd, meta, pointers)
     compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=True, NEED_WEIGHT=False), pointers)
@@ -180,6 +180,36 @@ for width, points, num_global, causal, reflect, padded, linear, keep, rows, dtyp
                    dict(meta, NEED_OFFSETS=need_offsets, NEED_LOGITS=linear), pointers, ones)
 """
 
+MEMBERSHIPS = """
+from attnzoo.kernels.triton import launch, memberships as mb
+
+# (inputs' dtype, parameters' dtype, padding, MLP shared by the heads, head size, clusters): the bf16 model as
+# benchmarked (base size, 128 clusters); fp32 parameters with bf16 inputs (autocast), padded, per-head MLP; fp32,
+# d = 32 and 20 clusters. The shared MLP reads nn.Linear's (out, in) weight (its `in` stride is 1), the per-head
+# one an (H, in, out) weight (its `out` stride is 1).
+SIZES = ("H", "D", "K")  # heads, head size, clusters: int arguments
+for x_dtype, p_dtype, padded, shared, width, clusters in [
+    ("*bf16", "*bf16", False, True, 64, 128),
+    ("*bf16", "*fp32", True, False, 64, 128),
+    ("*fp32", "*fp32", True, True, 32, 20),
+]:
+    meta = {"BLOCK_R": mb.BLOCK_R, "BLOCK_D": launch.block_d(width), "BLOCK_K": launch.block_d(clusters),
+            "HAS_VALID": padded}
+    params = {"W1": p_dtype, "B1": p_dtype, "W2": p_dtype, "B2": p_dtype, "C": p_dtype}
+    ones = ("sw_i",) if shared else ("sw_o",)
+    # An absent mask's placeholder is the output (forward) or the input (backward).
+    compile_kernel(mb._memberships_fwd, dict(meta, num_warps=mb.FWD_WARPS),
+                   dict(params, X=x_dtype, VALID="*u8" if padded else "*fp32"), ones, ints=SIZES)
+    compile_kernel(mb._memberships_bwd, dict(meta, num_warps=mb.BWD_WARPS),
+                   dict(params, X=x_dtype, DX=x_dtype, VALID="*u8" if padded else x_dtype), ones, ints=SIZES)
+    compile_kernel(mb._sum_partials, {"BLOCK": mb.SUM_BLOCK}, {"OUT": p_dtype}, ints=SIZES)
+    block = {"BLOCK_K": launch.block_d(clusters), "BLOCK_D": launch.block_d(width),
+             "num_warps": mb._block_warps(clusters)}
+    compile_kernel(mb._block_matrix_fwd, block, {"C": p_dtype}, ints=SIZES)
+    # autograd hands the gradient of Ŝ over transposed (its last stride is K)
+    compile_kernel(mb._block_matrix_bwd, block, {"C": p_dtype, "DC": p_dtype}, ints=SIZES)
+"""
+
 
 def test_fastrg_sampler_kernels_compile_for_sm90(tmp_path):
     assert_compiles(FASTRG, tmp_path, timeout=600)
@@ -187,6 +217,10 @@ def test_fastrg_sampler_kernels_compile_for_sm90(tmp_path):
 
 def test_csr_product_and_int32_edge_kernels_compile_for_sm90(tmp_path):
     assert_compiles(SPARSE, tmp_path, timeout=600)
+
+
+def test_membership_network_kernels_compile_for_sm90(tmp_path):
+    assert_compiles(MEMBERSHIPS, tmp_path, timeout=600)
 
 
 def test_attentive_sampler_kernel_compiles_for_sm90(tmp_path):

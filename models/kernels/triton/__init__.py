@@ -8,7 +8,7 @@ in the environment at import time, `triton.jit` builds interpreter functions tha
 
 from __future__ import annotations
 
-from . import fsat_pooling
+from . import fsat_pooling, memberships
 from .edgelist import _edge_fwd, edge_attention_triton
 from .fastrg import fastrg_edge_list_triton, fastrg_pair_ids_triton
 from .fsat_index import fsat_index_slots_triton
@@ -37,4 +37,5 @@ __all__ = [
     "interpolated_attention_triton",
     "interpreted",
     "key_slot_attention_triton",
+    "memberships",
 ]
