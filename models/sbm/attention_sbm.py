@@ -401,7 +401,8 @@ class SBMAttention(ZooAttention):
             # The edge attention reads flat head-major rows: q, k and v are copied into that layout once, here, so
             # that the memberships read them as they are (a linear layer would copy a head-split view first) and
             # the global rows keep the edge attention's copies (`AttentionOutput.inputs`). Of one shape, they are
-            # stacked along the batch by one copy, and the membership network reads the queries and keys stacked.
+            # stacked along the batch by one copy, and the torch membership network reads the queries and keys
+            # stacked (the fused one reads them apart, one launch each).
             if q.shape == k.shape == v.shape:
                 stacked = torch.cat([q, k, v])  # (3B, H, n, d), contiguous
                 q, k, v = stacked.split(B)
