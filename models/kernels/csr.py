@@ -142,11 +142,24 @@ class CSRPattern:
         out = dense.new_zeros(self.num_cols, dense.shape[1])
         return out.index_add_(0, self.cols, values[:, None] * dense.index_select(0, self.rows))
 
-    def spmm_pair(self, values: Tensor, x: Tensor | None, y: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    def spmm_pair(
+        self,
+        values: Tensor,
+        x: Tensor | None,
+        y: Tensor | None,
+        *,
+        mask: Tensor | None = None,
+        clip: float | None = None,
+    ) -> tuple[Tensor | None, Tensor | None]:
         """`(spmm(values, x), spmm_t(values, y))`, either skipped when its factor is `None`; one pass over the edges
-        on the Triton path."""
+        on the Triton path. With `mask` `(E,)` bool and `clip`, the values are `clamp(values * mask, -clip, clip)`
+        (made as the Triton kernel loads them: no edge-sized temporaries)."""
         if self.triton:
-            return _kernels().csr_spmm_pair_triton(self.crow, self.cols, values, x, y, self.num_cols)
+            return _kernels().csr_spmm_pair_triton(self.crow, self.cols, values, x, y, self.num_cols, mask, clip)
+        if mask is not None:
+            values = values * mask
+        if clip is not None:
+            values = values.clamp(-clip, clip)
         return (
             None if x is None else self.spmm(values, x),
             None if y is None else self.spmm_t(values, y),

@@ -215,13 +215,13 @@ class EdgeSTE(torch.autograd.Function):
         grad_m = grad_bias if grad_scale is None else grad_bias * grad_scale
         if grad_counted is not None:
             grad_m = grad_m + grad_counted
-        grad_p = (grad_m * sampled).clamp_(-ctx.clip, ctx.clip)  # (E,)
         needs = ctx.needs_input_grad[10:]  # the two tensors, then the parameters
         with torch.enable_grad():
             inputs = [first.detach().requires_grad_(needs[0]), second.detach().requires_grad_(needs[1])]
             q_memb, k_memb_s = ctx.factors(*inputs)
         pattern = edge_pattern(rows, cols, q_memb.shape[0], k_memb_s.shape[0], crow=crow, triton=ctx.triton)
-        grad_q, grad_k = pattern.spmm_pair(grad_p, k_memb_s.detach(), q_memb.detach())
+        # The gradient of each sampled edge's probability, clipped: (grad_m * sampled).clamp(-clip, clip), (E,)
+        grad_q, grad_k = pattern.spmm_pair(grad_m, k_memb_s.detach(), q_memb.detach(), mask=sampled, clip=ctx.clip)
         wanted = [t for t, needed in zip((*inputs, *ctx.params), needs, strict=True) if needed]
         found = iter(torch.autograd.grad((q_memb, k_memb_s), wanted, (grad_q, grad_k), allow_unused=True))
         grads = [next(found) if needed else None for needed in needs]

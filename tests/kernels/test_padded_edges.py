@@ -119,6 +119,27 @@ def test_csr_products_of_a_padded_pattern_equal_those_of_its_real_edges(implemen
     assert scores.shape == rows.shape and torch.all(scores[real:] == 0)
 
 
+@pytest.mark.parametrize("implementation", ["sparse", "gather", pytest.param("triton", marks=INTERPRETER)])
+def test_spmm_pair_masks_and_clips_the_values(implementation):
+    """SBM's estimator sends `clamp(g * sampled, -clip, clip)` through the products: the Triton kernel makes these
+    entries as it loads them; every path equals the products of the explicit entries."""
+    _needs_triton(implementation)
+    rows, cols, _ = _padded_graph(seed=6)
+    g = torch.Generator().manual_seed(7)
+    values = 3 * torch.randn(rows.shape, generator=g)
+    mask = torch.rand(rows.shape, generator=g) < 0.6
+    x, y = torch.randn(C, K, generator=g), torch.randn(R, K, generator=g)
+    pattern = CSRPattern(
+        rows, cols, row_pointers(rows, R), R, C, None, implementation == "sparse", padded=True,
+        triton=implementation == "triton",
+    )  # fmt: skip
+    gx, gy = pattern.spmm_pair(values, x, y, mask=mask, clip=1.5)
+    want_x, want_y = pattern.spmm_pair((values * mask).clamp(-1.5, 1.5), x, y)
+    torch.testing.assert_close(gx, want_x)
+    torch.testing.assert_close(gy, want_y)
+    assert not torch.allclose(gx, pattern.spmm_pair(values, x, y)[0])  # the mask and the clip matter here
+
+
 @INTERPRETER
 def test_triton_products_skip_an_absent_factor():
     _needs_triton("triton")

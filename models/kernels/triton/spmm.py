@@ -36,10 +36,12 @@ def _csr_sddmm(CROW, COLS, A, B, OUT, alpha, sa, sb, D: tl.constexpr, BLOCK_D: t
 
 @triton.jit
 def _csr_spmm_pair(
-    CROW, COLS, VALUES, X, Y, OUT_X, OUT_Y, sx, sy, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-    NEED_X: tl.constexpr, NEED_Y: tl.constexpr,
+    CROW, COLS, VALUES, MASK, X, Y, OUT_X, OUT_Y, sx, sy, clip,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, NEED_X: tl.constexpr, NEED_Y: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_CLIP: tl.constexpr,
 ):  # fmt: skip
-    # OUT_X[row] = Σ_e values_e X[col_e] (row-local); OUT_Y[col_e] += values_e Y[row] (atomics, fp32 (C, D) buffer)
+    # OUT_X[row] = Σ_e values_e X[col_e] (row-local); OUT_Y[col_e] += values_e Y[row] (atomics, fp32 (C, D) buffer),
+    # with values_e = clamp(values_e * mask_e, -clip, clip) when given
     row = tl.program_id(0).to(tl.int64)
     dim = tl.arange(0, BLOCK_D)
     dim_ok = dim < D
@@ -54,6 +56,10 @@ def _csr_spmm_pair(
         mask = ok[:, None] & dim_ok[None, :]
         col = tl.load(COLS + edge, mask=ok, other=0).to(tl.int64)
         value = tl.load(VALUES + edge, mask=ok, other=0.0).to(tl.float32)
+        if HAS_MASK:
+            value = tl.where(tl.load(MASK + edge, mask=ok, other=0) != 0, value, 0.0)
+        if HAS_CLIP:
+            value = tl.minimum(tl.maximum(value, -clip), clip)
         if NEED_X:
             x = tl.load(X + col[:, None] * sx + dim[None, :], mask=mask, other=0.0).to(tl.float32)
             acc += tl.sum(value[:, None] * x, 0)
@@ -88,9 +94,17 @@ def csr_sddmm_triton(crow: Tensor, cols: Tensor, a: Tensor, b: Tensor, alpha: fl
 
 
 def csr_spmm_pair_triton(
-    crow: Tensor, cols: Tensor, values: Tensor, x: Tensor | None, y: Tensor | None, num_cols: int
+    crow: Tensor,
+    cols: Tensor,
+    values: Tensor,
+    x: Tensor | None,
+    y: Tensor | None,
+    num_cols: int,
+    mask: Tensor | None = None,
+    clip: float | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """`G @ x` and `Gᵀ @ y` for the sparse `(R, C)` matrix `G` with `values` on the edges, in one pass (fp32).
+    """`G @ x` and `Gᵀ @ y` for the sparse `(R, C)` matrix `G` with `values` on the edges, in one pass (fp32); with
+    `mask` and `clip` its entries are `clamp(values * mask, -clip, clip)`, made as the kernel loads them.
 
     Args:
         crow (`torch.LongTensor` of shape `(R + 1,)`): row pointers.
@@ -99,6 +113,8 @@ def csr_spmm_pair_triton(
         x (`torch.Tensor` of shape `(C, D)`, *optional*): right factor of `G @ x` (skipped when `None`).
         y (`torch.Tensor` of shape `(R, D)`, *optional*): right factor of `Gᵀ @ y` (skipped when `None`).
         num_cols (`int`): `C`.
+        mask (`torch.BoolTensor` of shape `(E,)`, *optional*): edges whose value counts (the others are 0).
+        clip (`float`, *optional*): bound of the entries' magnitude.
 
     Returns:
         `(G @ x, Gᵀ @ y)`, `(R, D)` and `(C, D)` in fp32 (`None` for a skipped product).
@@ -114,9 +130,11 @@ def csr_spmm_pair_triton(
         # absent operands still need a pointer argument; NEED_X / NEED_Y keep the kernel from touching it
         placeholder = values
         _csr_spmm_pair[(num_rows,)](
-            crow, cols, values.contiguous(), placeholder if x is None else x, placeholder if y is None else y,
+            crow, cols, values.contiguous(), cols if mask is None else mask.view(torch.uint8),
+            placeholder if x is None else x, placeholder if y is None else y,
             placeholder if out_x is None else out_x, placeholder if out_y is None else out_y,
-            0 if x is None else x.stride(0), 0 if y is None else y.stride(0),
+            0 if x is None else x.stride(0), 0 if y is None else y.stride(0), 0.0 if clip is None else float(clip),
             D=width, BLOCK_D=block_d(width), BLOCK_E=BLOCK_E, NEED_X=x is not None, NEED_Y=y is not None,
+            HAS_MASK=mask is not None, HAS_CLIP=clip is not None,
         )  # fmt: skip
     return out_x, out_y
