@@ -522,12 +522,14 @@ class SBMAttention(ZooAttention):
             reserve = functools.partial(self.edge_budget.reserve, pairs=B * H * n * m)
         # The fused sampler where the edge attention runs the Triton kernels (the same graph as the torch one).
         sampler = fastrg_sampler(cfg.attention_backend, device) if triton else None
+        selection_kernels = self.selection_kernels(device)
         with torch.no_grad():
             structural = self.structural_pairs(m)
             graph = fastrg_edges(
                 q_memb.detach(), k_memb.detach(), blocks.detach(), delta=delta, query_valid=query_valid,
                 key_valid=key_valid, causal=self.is_causal, query_offset=offset, structural=structural,
                 generator=generator, reserve=reserve, kernels=None if sampler is None else FastRGKernels(*sampler),
+                weights_kernel=None if selection_kernels is None else selection_kernels.fastrg_weights_triton,
             )  # fmt: skip
         if reserve is not None:
             self.edge_budget.record(graph, B * H * n * m)

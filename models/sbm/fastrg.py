@@ -173,13 +173,22 @@ class SamplerInputs:
 
 
 def sampler_inputs(
-    q_memb: Tensor, k_memb: Tensor, blocks: Tensor, query_valid: Tensor | None, key_valid: Tensor | None
+    q_memb: Tensor,
+    k_memb: Tensor,
+    blocks: Tensor,
+    query_valid: Tensor | None,
+    key_valid: Tensor | None,
+    weights_kernel: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
 ) -> SamplerInputs:
     """The rates of the fastRG draws (module docstring); the sum over `v` of `weights[..., i, :]` is row `i`'s
-    expected number of draws `Σ_j p_ij`."""
+    expected number of draws `Σ_j p_ij`. `weights_kernel(q_memb, blocks, cluster_totals)`: a fused computation of
+    `(weights, row_rates)` (`attnzoo.kernels.triton.memberships.fastrg_weights_triton`), else the torch code."""
     cluster_totals = k_memb.sum(2)  # (B, H, k)
-    weights = (q_memb @ blocks) * cluster_totals[:, :, None, :]  # (B, H, n, k)
-    row_rates = weights.sum(-1)  # (B, H, n)
+    if weights_kernel is not None:
+        weights, row_rates = weights_kernel(q_memb, blocks, cluster_totals)
+    else:
+        weights = (q_memb @ blocks) * cluster_totals[:, :, None, :]  # (B, H, n, k)
+        row_rates = weights.sum(-1)  # (B, H, n)
     return SamplerInputs(
         weights=weights,
         row_rates=row_rates,
@@ -210,12 +219,14 @@ def _draw_totals(
         queries = n if inputs.query_counts is None else inputs.query_counts  # (B, 1)
         keys = m if inputs.key_counts is None else inputs.key_counts
         explore = (delta * queries * keys).expand_as(rates)  # (B, H)
-    # Two numbers per head: fp64 keeps counts above 2^24 exact (fp32 Poisson draws of such means are rounded).
-    means = torch.stack([rates, explore]).double()  # (2, B, H)
-    counts = torch.poisson(means, generator=generator)
+    # Two numbers per head in fp64, which keeps counts above 2^24 exact (fp32 Poisson draws of such means are
+    # rounded), written where the cumulative sum reads them: `[(expected, drawn), kind, head]`.
+    both = torch.empty(2, 2, rates.numel(), dtype=torch.float64, device=rates.device)
+    torch.stack([rates, explore], out=both[0].view(2, *rates.shape))  # cast to fp64 as it is written
+    both[1].copy_(torch.poisson(both[0], generator=generator))
     # One cumulative sum over the heads gives the slot range of every head and, in its last column, the totals
     # (exact integers below 2^53 for the draws).
-    return torch.stack([means, counts], 1).view(2, 2, -1).cumsum(-1)  # (2, 2, B*H)
+    return both.cumsum_(-1).transpose(0, 1)  # (2, 2, B*H)
 
 
 def _uniform_position(
@@ -427,6 +438,7 @@ def fastrg_edges(
     generator: torch.Generator | None,
     reserve: Callable[[Tensor], int] | None = None,
     kernels: FastRGKernels | None = None,
+    weights_kernel: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
 ) -> FastRGGraph:
     """Sample the SBM graph of every `(batch, head)` with fastRG, as a fixed-size edge list (module docstring).
 
@@ -449,6 +461,8 @@ def fastrg_edges(
             reserves exactly what was drawn (a host read of the count: free on CPU).
         kernels ([`FastRGKernels`], *optional*): the fused sampler (`attnzoo.kernels.dispatch.fastrg_kernels`);
             `None` runs the torch reference. Both give the same graph, bit for bit.
+        weights_kernel (`callable`, *optional*): the fused rates of the draws ([`sampler_inputs`]); chosen with the
+            attention backend, not with `kernels`, so that both samplers read the same rates.
 
     Returns:
         [`FastRGGraph`].
@@ -456,7 +470,7 @@ def fastrg_edges(
     B, H, n, _ = q_memb.shape
     m = k_memb.shape[2]
     num_rows = B * H * n
-    inputs = sampler_inputs(q_memb, k_memb, blocks, query_valid, key_valid)
+    inputs = sampler_inputs(q_memb, k_memb, blocks, query_valid, key_valid, weights_kernel)
     cumulative = _draw_totals(inputs, delta, n, m, generator)  # (2, 2, B*H)
     totals = cumulative[..., -1]  # (2, 2): expected and drawn, of fastRG and of exploration draws
     fastrg_slots = int(totals[0, 1]) if reserve is None else reserve(totals[0, 0])

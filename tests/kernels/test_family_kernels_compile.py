@@ -1,6 +1,7 @@
 """SBM's, Smart Bird's and A²-Former's own Triton kernels compile for the GPU (sm_90), on a machine without one: the
-fastRG sampler and edge list, the CSR products, the edge attention on int32 columns, SBM's membership network and
-block matrix, the attentive sampler and the interpolated attention (the harness: `tests/triton_compile.py`).
+fastRG sampler and edge list, the CSR products, the edge attention on int32 columns, SBM's membership network, block
+matrix and rates of the fastRG draws, the attentive sampler and the interpolated attention (the harness:
+`tests/triton_compile.py`).
 
 Each case is a launch its Python wrapper makes: the pointer dtypes it passes (placeholders for absent inputs
 included: they are typed pointers too), the int arguments that are constexpr, those a launch specialises to the
@@ -88,14 +89,17 @@ for cols, dtype, width in [("*i32", "*bf16", 64), ("*i64", "*fp32", 128)]:
     pointers = {"CROW": "*i64", "COLS": cols, "A": dtype, "B": dtype}
     meta = {"D": width, "BLOCK_D": block_d(width), "BLOCK_E": spmm.BLOCK_E}
     compile_kernel(spmm._csr_sddmm, meta, pointers)
-# G @ x and G^T @ y: fp32 values and outputs; x and y fp32 memberships (the estimator's backward passes both), or
-# one of them (`spmm`, `spmm_t`: the other and its output are the values, an fp32 placeholder, and stride 0).
+# G @ x and G^T @ y: fp32 values and outputs; x and y fp32 memberships (the estimator's backward passes both, with
+# the sampled edges' mask and the clip), or one of them (`spmm`, `spmm_t`: the other and its output are the values,
+# an fp32 placeholder, and stride 0; no mask: the columns are its placeholder).
 for cols, x, y, width in [("*i32", "*fp32", "*fp32", 128), ("*i64", "*fp32", "*fp32", 64),
                           ("*i32", "*bf16", None, 64), ("*i64", None, "*fp32", 128)]:
-    pointers = {"CROW": "*i64", "COLS": cols, "X": x or "*fp32", "Y": y or "*fp32"}
+    estimator = x is not None and y is not None
+    pointers = {"CROW": "*i64", "COLS": cols, "X": x or "*fp32", "Y": y or "*fp32",
+                "MASK": "*u8" if estimator else cols}
     meta = {"D": width, "BLOCK_D": block_d(width), "BLOCK_E": spmm.BLOCK_E, "NEED_X": x is not None,
-            "NEED_Y": y is not None}
-    compile_kernel(spmm._csr_spmm_pair, meta, pointers)
+            "NEED_Y": y is not None, "HAS_MASK": estimator, "HAS_CLIP": estimator}
+    compile_kernel(spmm._csr_spmm_pair, meta, pointers, floats=FLOATS | {"clip"})
 
 # The edge attention as SBM runs it: int32 columns (int32 pair ids), an fp32 logit bias (its gradient needed), no
 # edge weight (q is its placeholder), the dropout keep-mask as uint8 or absent (the columns are its placeholder).
@@ -188,6 +192,7 @@ from attnzoo.kernels.triton import launch, memberships as mb
 # d = 32 and 20 clusters. The shared MLP reads nn.Linear's (out, in) weight (its `in` stride is 1), the per-head
 # one an (H, in, out) weight (its `out` stride is 1).
 SIZES = ("H", "D", "K")  # heads, head size, clusters: int arguments
+BIAS = FLOATS | {"logit_bias"}
 for x_dtype, p_dtype, padded, shared, width, clusters in [
     ("*bf16", "*bf16", False, True, 64, 128),
     ("*bf16", "*fp32", True, False, 64, 128),
@@ -199,15 +204,18 @@ for x_dtype, p_dtype, padded, shared, width, clusters in [
     ones = ("sw_i",) if shared else ("sw_o",)
     # An absent mask's placeholder is the output (forward) or the input (backward).
     compile_kernel(mb._memberships_fwd, dict(meta, num_warps=mb.FWD_WARPS),
-                   dict(params, X=x_dtype, VALID="*u8" if padded else "*fp32"), ones, ints=SIZES)
+                   dict(params, X=x_dtype, VALID="*u8" if padded else "*fp32"), ones, floats=BIAS, ints=SIZES)
     compile_kernel(mb._memberships_bwd, dict(meta, num_warps=mb.BWD_WARPS),
-                   dict(params, X=x_dtype, DX=x_dtype, VALID="*u8" if padded else x_dtype), ones, ints=SIZES)
+                   dict(params, X=x_dtype, DX=x_dtype, VALID="*u8" if padded else x_dtype), ones, floats=BIAS,
+                   ints=SIZES)
     compile_kernel(mb._sum_partials, {"BLOCK": mb.SUM_BLOCK}, {"OUT": p_dtype}, ints=SIZES)
     block = {"BLOCK_K": launch.block_d(clusters), "BLOCK_D": launch.block_d(width),
              "num_warps": mb._block_warps(clusters)}
     compile_kernel(mb._block_matrix_fwd, block, {"C": p_dtype}, ints=SIZES)
     # autograd hands the gradient of Ŝ over transposed (its last stride is K)
     compile_kernel(mb._block_matrix_bwd, block, {"C": p_dtype, "DC": p_dtype}, ints=SIZES)
+    compile_kernel(mb._fastrg_weights, {"BLOCK_R": mb.BLOCK_R, "BLOCK_K": launch.block_d(clusters),
+                                        "num_warps": mb.FWD_WARPS}, {}, ints=SIZES)
 """
 
 

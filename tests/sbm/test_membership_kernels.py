@@ -106,3 +106,18 @@ def test_fused_memberships_in_bf16_match_the_network_on_the_same_values_in_fp32(
     # The gradients of the bf16 parameters and inputs are bf16: compare them in fp32.
     truth = (truth[0], [g.to(torch.bfloat16) for g in truth[1]])
     _compare(fused, truth, 4e-2)
+
+
+@pytest.mark.parametrize("clusters", [20, 128])
+def test_fused_fastrg_rates_equal_the_torch_sampler_inputs(clusters):
+    from attnzoo.kernels.triton.memberships import fastrg_weights_triton
+    from attnzoo.sbm.fastrg import sampler_inputs
+
+    generator = torch.Generator().manual_seed(5)
+    q_memb = torch.rand(2, 3, 45, clusters, generator=generator)
+    k_memb = torch.rand(2, 3, 29, clusters, generator=generator)
+    blocks = torch.randn(3, clusters * clusters, generator=generator).softmax(-1).view(3, clusters, clusters)
+    fused = sampler_inputs(q_memb, k_memb, blocks, None, None, fastrg_weights_triton)
+    reference = sampler_inputs(q_memb, k_memb, blocks, None, None)
+    for name in ("weights", "row_rates", "rates", "cluster_totals"):
+        torch.testing.assert_close(getattr(fused, name), getattr(reference, name), rtol=1e-5, atol=0)

@@ -22,6 +22,9 @@ gradients. Here:
 A call takes the queries and the keys together (their inputs and masks apart: one launch each), so the parameters'
 gradients of both are summed by the one reduction.
 
+The rates of the fastRG draws from the memberships, `(Q̂ Ŝ) z` and their row sums, are one launch as well
+([`fastrg_weights_triton`]; no backward: the graph is sampled without autograd).
+
 The block matrix `Ŝ = softmax(C Cᵀ)` (over all `K²` entries of a head) is one launch ([`_block_matrix_fwd`], a
 program per head) in place of a cast, a GEMM and a softmax, and its backward one more ([`_block_matrix_bwd`], which
 recomputes `Ŝ` from `C` rather than keeping it) in place of the softmax's backward, two GEMMs, an add, a cast and the
@@ -273,6 +276,52 @@ def block_matrix_triton(clusters: Tensor) -> Tensor:
     if not membership_kernels_support(D, K):
         raise ValueError(f"head size {D} and {K} clusters: the kernels take at most {MAX_HEAD_DIM} and {MAX_CLUSTERS}")
     return _BlockMatrix.apply(clusters if clusters.is_contiguous() else clusters.contiguous())
+
+
+@triton.jit
+def _fastrg_weights(
+    QM, BLOCKS, TOTALS, W, ROW_RATES, n, H, K,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    bh = tl.program_id(1).to(tl.int64)
+    h = bh % H
+    u = tl.arange(0, BLOCK_K)
+    u_ok = u < K
+    row_ok = i < n
+    rows = bh * n + i
+    memb = tl.load(QM + rows[:, None] * K + u[None, :], mask=row_ok[:, None] & u_ok[None, :], other=0.0)
+    blocks = tl.load(BLOCKS + h * K * K + u[:, None] * K + u[None, :], mask=u_ok[:, None] & u_ok[None, :], other=0.0)
+    totals = tl.load(TOTALS + bh * K + u, mask=u_ok, other=0.0)
+    weights = tl.dot(memb, blocks, input_precision="ieee") * totals[None, :]  # (BLOCK_R, BLOCK_K)
+    tl.store(W + rows[:, None] * K + u[None, :], weights, mask=row_ok[:, None] & u_ok[None, :])
+    tl.store(ROW_RATES + rows, tl.sum(weights, 1), mask=row_ok)
+
+
+def fastrg_weights_triton(q_memb: Tensor, blocks: Tensor, cluster_totals: Tensor) -> tuple[Tensor, Tensor]:
+    """The rates of SBM's fastRG draws (`attnzoo.sbm.fastrg.sampler_inputs`, whose torch code is the reference):
+    `weights = (Q̂ Ŝ) z` and their sums over the clusters, in one launch instead of a GEMM, a product and a sum.
+
+    Args:
+        q_memb (`torch.Tensor` of shape `(B, H, n, K)`): query memberships, fp32.
+        blocks (`torch.Tensor` of shape `(H, K, K)`): block matrices, fp32.
+        cluster_totals (`torch.Tensor` of shape `(B, H, K)`): `z`, the key memberships' sums, fp32.
+
+    Returns:
+        `(weights, row_rates)`: `(B, H, n, K)` and `(B, H, n)`, fp32.
+    """
+    B, H, n, K = q_memb.shape
+    if not membership_kernels_support(1, K):
+        raise ValueError(f"{K} clusters: the kernels take at most {MAX_CLUSTERS}")
+    q_memb, blocks, cluster_totals = (t.to(torch.float32).contiguous() for t in (q_memb, blocks, cluster_totals))
+    weights = torch.empty_like(q_memb)
+    row_rates = torch.empty(B, H, n, dtype=torch.float32, device=q_memb.device)
+    if weights.numel():
+        _fastrg_weights[(triton.cdiv(n, BLOCK_R), B * H)](
+            q_memb, blocks, cluster_totals, weights, row_rates, n, H, K,
+            BLOCK_R=BLOCK_R, BLOCK_K=block_d(K), num_warps=FWD_WARPS,
+        )  # fmt: skip
+    return weights, row_rates
 
 
 @dataclass(frozen=True)
