@@ -380,9 +380,11 @@ def edge_attention(
     the result has their dtype.
 
     Args:
-        q (`torch.Tensor` of shape `(R, d)`): flattened query rows.
-        k (`torch.Tensor` of shape `(C, d)`): flattened key rows.
-        v (`torch.Tensor` of shape `(C, d)`): flattened value rows.
+        q (`torch.Tensor` of shape `(R, d)` or `(B, H, n, d)`): flattened query rows, or head-split queries whose
+            flat row `(b H + h) n + i` the edges name (the Triton kernel reads these in place, in any dense layout:
+            no copy of a head-split view of the projections).
+        k (`torch.Tensor` of shape `(C, d)` or `(B, H, m, d)`): key rows, flat or head-split as q.
+        v (`torch.Tensor` of shape `(C, d)` or `(B, H, m, d)`): value rows, as k.
         rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, in `[0, R)` (int64, or int32).
         cols (`torch.LongTensor` of shape `(E,)`): key row of each edge, in `[0, C)` (int64, or int32).
         logit_bias (`torch.Tensor` of shape `(E,)`, *optional*): added to the scaled logit (differentiable).
@@ -403,29 +405,32 @@ def edge_attention(
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
-        `torch.Tensor` of shape `(R, d)` in the dtype of the inputs.
+        `torch.Tensor` of q's shape, in the dtype of the inputs.
     """
     check_edges(q, k, v, rows, cols, logit_bias, edge_weight, keep, padded=padded)
-    if crow is not None and (not sorted_rows or crow.shape != (q.shape[0] + 1,)):
-        raise ValueError(f"crow must come with sorted_rows=True and have shape ({q.shape[0] + 1},), got "
+    num_rows = q.shape[:-1].numel()
+    if crow is not None and (not sorted_rows or crow.shape != (num_rows + 1,)):
+        raise ValueError(f"crow must come with sorted_rows=True and have shape ({num_rows + 1},), got "
                          f"sorted_rows={sorted_rows} and {tuple(crow.shape)}")  # fmt: skip
     if keep is None and training and dropout_p > 0.0:
         keep = sample_keep_mask((rows.shape[0],), dropout_p, q.device, generator)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    shape = q.shape
     if implementation != "triton":
-        # The torch implementations index with int64 (a no-op for int64 indices).
+        # The torch implementations take flat rows and index with int64 (no-ops for flat rows and int64 indices).
+        q, k, v = (t.reshape(-1, t.shape[-1]) for t in (q, k, v))
         rows, cols = rows.long(), cols.long()
     if padded and implementation != "triton":
         # Boolean compaction (a host sync on an accelerator, which only the Triton path needs to avoid).
-        real = rows < q.shape[0]
+        real = rows < num_rows
         rows, cols = rows[real], cols[real]
         logit_bias, edge_weight, keep = (None if t is None else t[real] for t in (logit_bias, edge_weight, keep))
     kwargs = {"logit_bias": logit_bias, "edge_weight": edge_weight, "scale": scale, "keep": keep}
     kwargs["dropout_p"] = dropout_p
     if implementation == "reference":
-        return edge_attention_reference_with_mask(q, k, v, rows, cols, **kwargs)
+        return edge_attention_reference_with_mask(q, k, v, rows, cols, **kwargs).view(shape)
     if implementation == "torch":
-        return edge_attention_with_mask(q, k, v, rows, cols, sorted_rows=sorted_rows, **kwargs)
+        return edge_attention_with_mask(q, k, v, rows, cols, sorted_rows=sorted_rows, **kwargs).view(shape)
     return _triton_kernels().edge_attention_triton(q, k, v, rows, cols, sorted_rows=sorted_rows, crow=crow, **kwargs)
 
 

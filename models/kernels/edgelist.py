@@ -22,14 +22,21 @@ def check_one_dtype(q: Tensor, k: Tensor, v: Tensor) -> None:
 def check_edges(
     q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, *edge_tensors: Tensor | None, padded: bool = False
 ) -> None:
-    if q.dim() != 2 or k.dim() != 2 or v.dim() != 2:
-        raise ValueError(f"q, k, v must be 2-D (rows, d), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dim() == k.dim() == v.dim() and q.dim() in (2, 4)):
+        raise ValueError(f"q, k, v must be 2-D (rows, d) or all 4-D (B, H, rows, d), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")  # fmt: skip
     # One width d for q, k and v: the Triton kernel sizes its output and its value tiles by the queries' width.
-    if k.shape[0] != v.shape[0] or q.shape[1] != k.shape[1] or v.shape[1] != q.shape[1]:
+    if (
+        k.shape[:-1] != v.shape[:-1]
+        or q.shape[-1] != k.shape[-1]
+        or v.shape[-1] != q.shape[-1]
+        or (q.dim() == 4 and q.shape[:2] != k.shape[:2])
+    ):
         raise ValueError(
             f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: q, k and v must share "
-            "their width d, and k and v their number of rows"
+            "their width d (and head-split ones their batch and heads), and k and v their number of rows"
         )
+    num_rows, num_cols = q.shape[:-1].numel(), k.shape[:-1].numel()
     check_one_dtype(q, k, v)
     if rows.dtype not in (torch.int32, torch.int64) or cols.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"rows and cols must be int64 or int32, got {rows.dtype} and {cols.dtype}")
@@ -42,10 +49,10 @@ def check_edges(
     # check is a cheap O(E) pass; on accelerators it would force a host sync, and the kernels fault loudly there.
     if rows.device.type == "cpu" and rows.numel() > 0:
         # A padded edge list also holds the row one past the last (its padding edges).
-        if int(rows.min()) < 0 or int(rows.max()) >= q.shape[0] + padded:
-            raise IndexError(f"rows out of range [0, {q.shape[0] + padded})")
-        if int(cols.min()) < 0 or int(cols.max()) >= k.shape[0]:
-            raise IndexError(f"cols out of range [0, {k.shape[0]})")
+        if int(rows.min()) < 0 or int(rows.max()) >= num_rows + padded:
+            raise IndexError(f"rows out of range [0, {num_rows + padded})")
+        if int(cols.min()) < 0 or int(cols.max()) >= num_cols:
+            raise IndexError(f"cols out of range [0, {num_cols})")
 
 
 def edge_attention_reference_with_mask(

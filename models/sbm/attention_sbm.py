@@ -397,12 +397,12 @@ class SBMAttention(ZooAttention):
         # one, dropped at the end of this call when it picks fastRG).
         fixed = self.fixed_backend(sampling)
         joint = None
-        if fixed == "fastrg":
-            # The edge attention reads flat head-major rows: q, k and v are copied into that layout once, here, so
-            # that the memberships read them as they are (a linear layer would copy a head-split view first) and
-            # the global rows keep the edge attention's copies (`AttentionOutput.inputs`). Of one shape, they are
-            # stacked along the batch by one copy, and the torch membership network reads the queries and keys
-            # stacked (the fused one reads them apart, one launch each).
+        # The Triton kernels (edge attention, membership network) read the head-split views of the projections in
+        # place. The torch edge attention reads flat head-major rows: q, k and v are copied into that layout once,
+        # here, so that the memberships read them as they are (a linear layer would copy a head-split view first)
+        # and the global rows keep the edge attention's copies (`AttentionOutput.inputs`). Of one shape, they are
+        # stacked along the batch by one copy, and the membership network reads the queries and keys stacked.
+        if fixed == "fastrg" and resolve_backend(cfg.attention_backend, device, q.dtype, k.dtype, v.dtype) != "triton":
             if q.shape == k.shape == v.shape:
                 stacked = torch.cat([q, k, v])  # (3B, H, n, d), contiguous
                 q, k, v = stacked.split(B)
@@ -535,31 +535,35 @@ class SBMAttention(ZooAttention):
             self.edge_budget.record(graph, B * H * n * m)
         rows, cols, crow = graph.rows, graph.cols, graph.crow
 
-        qf, kf, vf = flatten_heads(q), flatten_heads(k), flatten_heads(v)  # (B*H*n, d), (B*H*m, d) twice
+        # What the edge attention reads: the head-split q, k, v in place (Triton), or their flat rows (B*H*n, d),
+        # (B*H*m, d) twice (views of the stacked copies made in `_attend_sbm`).
+        edge_inputs = (q, k, v) if triton else (flatten_heads(q), flatten_heads(k), flatten_heads(v))
 
         def factors(queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            # p_ij = <Q̂_i, Ŝ K̂_j> = <Q̂_i, (K̂ Ŝᵀ)_j>, from the flat queries and keys
+            # p_ij = <Q̂_i, Ŝ K̂_j> = <Q̂_i, (K̂ Ŝᵀ)_j>, from the queries and keys the edge attention reads
             with torch.autocast(device_type=device.type, enabled=False):
-                queries, keys = unflatten_heads(queries, B, H, n), unflatten_heads(keys, B, H, m)
+                if queries.dim() == 2:
+                    queries, keys = unflatten_heads(queries, B, H, n), unflatten_heads(keys, B, H, m)
                 q_factor, keys, blocks = self.selection(queries, keys, query_valid, key_valid)
                 k_factor = keys @ blocks.transpose(-1, -2)  # (B, H, m, k)
             return q_factor.reshape(num_rows, -1), k_factor.reshape(num_cols, -1)
 
-        # qf and kf are what the edge attention keeps for its backward: the recomputation adds nothing of its own.
+        # The queries and keys are what the edge attention keeps for its backward: the recomputation adds nothing
+        # of its own.
         params = tuple(p for p in (*self.membership_mlp.parameters(), self.clusters) if p.requires_grad)
         grad_scale = None
         if cfg.ste_variant == "paper":
             # The paper's bias is `logit * (m - 1)`: the gradient reaching it, times the logit, is that of `m`.
             with torch.no_grad():
                 pattern = edge_pattern(rows, cols, num_rows, num_cols, crow=crow, triton=triton)
-                grad_scale = pattern.sddmm(qf, kf, self.scaling)
+                grad_scale = pattern.sddmm(flatten_heads(q), flatten_heads(k), self.scaling)
         # The sampled counts carry the regulariser's gradient to the edges; without a regulariser (its loss is
         # detached) they need no autograd graph, which would keep the edges' owners for backward.
         counted = cfg.sparsity_weight > 0
         # Forward 0, and -inf at a repeated draw of a pair (listed again after its first copy: weight 0).
         logit_bias = EdgeSTE.apply(
             factors, rows, cols, crow, graph.sampled, graph.duplicate, grad_scale, counted, float(cfg.ste_clip),
-            triton, qf, kf, *params,
+            triton, *edge_inputs[:2], *params,
         )  # fmt: skip
         if counted:
             logit_bias, sampled = logit_bias
@@ -585,8 +589,10 @@ class SBMAttention(ZooAttention):
         # Dropout from the graph's own hash: a fixed number of generator draws per call whatever the edge count.
         keep = dropout_keep(graph, dropout_p) if dropout_p > 0.0 else None
         out = edge_attention(
-            qf, kf, vf, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p, keep=keep,
+            *edge_inputs, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p, keep=keep,
             sorted_rows=True, padded=True, crow=crow, backend=cfg.attention_backend,
         )  # fmt: skip
-        inputs = (unflatten_heads(qf, B, H, n), unflatten_heads(kf, B, H, m), unflatten_heads(vf, B, H, m))
+        if triton:  # read in place: the global rows read the same q, k, v
+            return out, None, counts, attended_counts, None
+        inputs = tuple(unflatten_heads(t, B, H, t.shape[0] // (B * H)) for t in edge_inputs)  # the flat copies
         return unflatten_heads(out, B, H, n), None, counts, attended_counts, inputs

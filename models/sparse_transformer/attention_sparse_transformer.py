@@ -43,9 +43,7 @@ from ..kernels import (
     batch_head_offsets,
     dense_attention,
     edge_attention,
-    flatten_heads,
     resolve_backend,
-    unflatten_heads,
 )
 from ..kernels.dispatch import uses_flex_attention
 from .configuration_sparse_transformer import SparseTransformerConfig
@@ -630,10 +628,11 @@ class SparseTransformerAttention(ZooAttention):
             # device to learn how many edges remain.
             real = key_valid.index_select(1, cols)[:, None, :].expand(-1, heads, -1).reshape(-1)  # (B * H * E1,)
             padding = torch.where(real, 0.0, float("-inf"))
-        out = edge_attention(
-            flatten_heads(q),
-            flatten_heads(k),
-            flatten_heads(v),
+        # Head-split q, k, v: the Triton kernel reads them in place (the torch paths flatten them).
+        return edge_attention(
+            q,
+            k,
+            v,
             all_rows,
             all_cols,
             logit_bias=padding,
@@ -643,4 +642,3 @@ class SparseTransformerAttention(ZooAttention):
             sorted_rows=True,
             backend=self.config.attention_backend,
         )
-        return unflatten_heads(out, batch, heads, length)

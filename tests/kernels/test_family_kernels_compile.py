@@ -108,8 +108,8 @@ for width, keep, dtype in [(64, True, "*bf16"), (64, False, "*bf16"), (128, True
     pointers = {"Q": dtype, "K": dtype, "V": dtype, "OUT": dtype, "DO": dtype, "DQ": dtype, "WEIGHT": dtype,
                 "CROW": "*i64", "COLS": "*i32", "KEEP": "*u8" if keep else "*i32"}
     meta = edgelist._meta(width, given, None, given if keep else None)
-    compile_kernel(edgelist._edge_fwd, meta, pointers)
-    compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=True, NEED_WEIGHT=False), pointers)
+    compile_kernel(edgelist._edge_fwd, meta, pointers, ints=("H",))
+    compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=True, NEED_WEIGHT=False), pointers, ints=("H",))
 """
 
 SAMPLER = """

@@ -40,9 +40,11 @@ compile_kernel(gathered._gathered_fwd, meta, DTYPES, ones)
 compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), DTYPES, ones)
 for head_dim, flag in ((64, True), (64, False), (128, True)):
     meta = edgelist._meta(head_dim, *(given if flag else absent for _ in range(3)))
-    compile_kernel(edgelist._edge_fwd, meta, DTYPES)
+    # H: the heads of head-split inputs (an int argument)
+    compile_kernel(edgelist._edge_fwd, meta, DTYPES, ints=("H",))
     # dq is written once per row, in q's dtype
-    compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag), dict(DTYPES, DQ="*bf16"))
+    compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag), dict(DTYPES, DQ="*bf16"),
+                   ints=("H",))
 """
 
 

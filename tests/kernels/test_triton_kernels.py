@@ -228,6 +228,42 @@ def test_edge_kernel_in_half_precision_matches_fp32_reference(device, dtype, tol
     _assert_close([t.float() for t in triton], reference, tol)
 
 
+def _token_major(shape, generator, device):
+    """A head-split `(B, H, N, d)` leaf as a projection makes it: a transposed view of `(B, N, H, d)`."""
+    b, h, n, d = shape
+    base = torch.randn(b, n, h, d, generator=generator).to(device).requires_grad_()
+    return base, base.transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_edge_kernel_reads_head_split_views_in_place(device, dtype):
+    """Head-split q, k, v (token-major views, as the projections make them) with rows / cols naming their flat
+    head-major rows: exactly the outputs and gradients of the same rows flattened (and, in fp32, the reference's),
+    the output and the gradients laid out as the inputs (no copy into or out of the head-major layout)."""
+    g = torch.Generator().manual_seed(9)
+    n, m = 7, 5
+    (q_base, q), (k_base, k), (v_base, v) = (_token_major((B, H, length, D), g, device) for length in (n, m, m))
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    rows = torch.randint(0, B * H * n, (90,), generator=g).to(device)
+    cols = (rows // n) * m + torch.randint(0, m, (90,), generator=g).to(device)  # keys of the row's own head
+    kwargs = {"logit_bias": torch.randn(90, generator=g).to(device), "scale": 0.7}
+    out = edge_attention(q, k, v, rows, cols, backend="triton", **kwargs)
+    assert out.shape == q.shape and out.stride() == q.stride() and out.dtype == dtype
+    grad_out = torch.randn(out.shape, generator=g).to(device=device, dtype=dtype)
+    got = torch.autograd.grad(out, (q_base, k_base, v_base), grad_out)
+    flat = [t.detach().reshape(-1, D).requires_grad_() for t in (q, k, v)]
+    grad_flat = grad_out.reshape(-1, D)
+    want = edge_attention(*flat, rows, cols, backend="triton", **kwargs)
+    want_grads = torch.autograd.grad(want, flat, grad_flat)
+    if dtype == torch.float32:
+        reference = edge_attention_reference(*flat, rows, cols, **kwargs)
+        _assert_close([want, *want_grads], [reference, *torch.autograd.grad(reference, flat, grad_flat)], 2e-5)
+    assert torch.equal(out, want.view(q.shape))
+    for grad, flat_grad, length in zip(got, want_grads, (n, m, m), strict=True):
+        # the (B, N, H, d) leaf's gradient
+        assert torch.equal(grad, flat_grad.view(B, H, length, D).transpose(1, 2).to(grad.dtype))
+
+
 def test_edge_kernel_without_edges_gives_zeros(device):
     q = torch.randn(R, D, device=device, requires_grad=True)
     k, v = torch.randn(C, D, device=device), torch.randn(C, D, device=device)

@@ -44,10 +44,14 @@ def _selection(attn: SBMAttention, q, k, query_valid, key_valid, seed: int = 1):
     return (q_memb, k_memb), found
 
 
-def _inputs(dtype: torch.dtype, n: int = 37, m: int = 37):
+def _inputs(dtype: torch.dtype, n: int = 37, m: int = 37, token_major: bool = False):
+    """q, k `(2, 3, n | m, 24)`; `token_major`: transposed views of `(2, n | m, 3, 24)`, as the projections make
+    them (the kernels read them in place and write their gradients in that layout)."""
     generator = torch.Generator().manual_seed(2)
-    q = torch.randn(2, 3, n, 24, generator=generator).to(dtype)
-    k = torch.randn(2, 3, m, 24, generator=generator).to(dtype)
+    if token_major:
+        q, k = (torch.randn(2, t, 3, 24, generator=generator).to(dtype).transpose(1, 2) for t in (n, m))
+    else:
+        q, k = (torch.randn(2, 3, t, 24, generator=generator).to(dtype) for t in (n, m))
     key_valid = torch.ones(2, m, dtype=torch.bool)
     key_valid[1, m - 9 :] = False
     return q, k, key_valid
@@ -69,14 +73,15 @@ def test_dispatch_picks_the_fused_network_on_the_triton_path_only():
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-mlp", "per-head-mlp"])
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-def test_fused_memberships_equal_the_reference_in_fp32(shared, padded):
-    q, k, key_valid = _inputs(torch.float32, n=37, m=45)
+@pytest.mark.parametrize(("padded", "token_major"), [(False, False), (True, True)], ids=["plain", "padded-views"])
+def test_fused_memberships_equal_the_reference_in_fp32(shared, padded, token_major):
+    q, k, key_valid = _inputs(torch.float32, n=37, m=45, token_major=token_major)
     key_valid = key_valid if padded else None
     query_valid = None if key_valid is None else key_valid[:, :37]
     fused = _selection(_attention(shared, "triton", torch.float32), q, k, query_valid, key_valid)
     reference = _selection(_attention(shared, "reference", torch.float32), q, k, query_valid, key_valid)
     _compare(fused, reference, 1e-5)
+    assert fused[1][0].stride() == q.stride()  # the input gradient in the input's layout
     if padded:  # padded rows: no membership, no gradient
         assert fused[0][1][1, :, 45 - 9 :].abs().max() == 0
         assert fused[1][1][1, :, 45 - 9 :].abs().max() == 0

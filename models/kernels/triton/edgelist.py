@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..csr import row_pointers
 from ..edgelist import sort_edges
-from .launch import block_d, check_dtypes
+from .launch import block_d, check_dtypes, dense
 from .launch import pointer_or as _or
 
 # Edges per chunk: 16 with 4 warps compiled without register spills for d = 64 and 128 (sm_90, bf16, every option
@@ -31,45 +31,79 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _query_row(Q, CROW, sq, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's query row: `row, start, end` (its edges), `dim, dim_ok` and the query (BLOCK_D,) in fp32."""
+def _row_offset(row, per_head, H, s_b, s_h, s_n):
+    """Offset of the flat head-major row `row = (b H + h) per_head + i` in a `(B, H, per_head, d)` tensor with these
+    strides (a `(rows, d)` tensor is `per_head = rows`, `H = 1`)."""
+    bh = row // per_head
+    return (bh // H) * s_b + (bh % H) * s_h + (row % per_head) * s_n
+
+
+@triton.jit
+def _query_row(Q, CROW, n, H, sq_b, sq_h, sq_n, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's query row: `row, offset` (of the row in q, the output and dq, which share strides), `start, end`
+    (its edges), `dim, dim_ok` and the query (BLOCK_D,) in fp32."""
     row = tl.program_id(0).to(tl.int64)
+    offset = _row_offset(row, n, H, sq_b, sq_h, sq_n)
     dim = tl.arange(0, BLOCK_D)
-    q = tl.load(Q + row * sq + dim, mask=dim < D, other=0.0).to(tl.float32)
-    return row, tl.load(CROW + row), tl.load(CROW + row + 1), dim, dim < D, q
+    q = tl.load(Q + offset + dim, mask=dim < D, other=0.0).to(tl.float32)
+    return row, offset, tl.load(CROW + row), tl.load(CROW + row + 1), dim, dim < D, q
 
 
 @triton.jit
 def _edge_chunk(
-    K, V, COLS, BIAS, q, e0, end, dim, dim_ok, sk, sv, scale, BLOCK_E: tl.constexpr, HAS_BIAS: tl.constexpr
-):
-    """Edges `e0 .. e0 + BLOCK_E` of the row (those below `end`): edge ids, validity, load mask, key rows, the
-    gathered key and value rows (BLOCK_E, BLOCK_D) and the logits (-inf on lanes past the row's end)."""
+    K, V, COLS, BIAS, q, e0, end, dim, dim_ok, m, H, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale,
+    BLOCK_E: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """Edges `e0 .. e0 + BLOCK_E` of the row (those below `end`): edge ids, validity, load mask, the offsets of their
+    key and value rows (which dK and dV share), the gathered key and value rows (BLOCK_E, BLOCK_D) and the logits
+    (-inf on lanes past the row's end)."""
     edge = e0 + tl.arange(0, BLOCK_E)
     ok = edge < end
     mask = ok[:, None] & dim_ok[None, :]
     col = tl.load(COLS + edge, mask=ok, other=0).to(tl.int64)
-    k_rows = tl.load(K + col[:, None] * sk + dim[None, :], mask=mask, other=0.0).to(tl.float32)
-    v_rows = tl.load(V + col[:, None] * sv + dim[None, :], mask=mask, other=0.0).to(tl.float32)
+    k_off = _row_offset(col, m, H, sk_b, sk_h, sk_n)
+    v_off = _row_offset(col, m, H, sv_b, sv_h, sv_n)
+    k_rows = tl.load(K + k_off[:, None] + dim[None, :], mask=mask, other=0.0).to(tl.float32)
+    v_rows = tl.load(V + v_off[:, None] + dim[None, :], mask=mask, other=0.0).to(tl.float32)
     score = tl.sum(k_rows * q[None, :], 1) * scale  # (BLOCK_E,)
     if HAS_BIAS:
         score += tl.load(BIAS + edge, mask=ok, other=0.0).to(tl.float32)
-    return edge, ok, mask, col, k_rows, v_rows, tl.where(ok, score, float("-inf"))
+    return edge, ok, mask, k_off, v_off, k_rows, v_rows, tl.where(ok, score, float("-inf"))
 
 
 @triton.jit
 def _edge_fwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, OUT, LSE, scale, keep_scale, sq, sk, sv, so,
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, OUT, LSE, scale, keep_scale,
+    n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
 ):  # fmt: skip
-    row, start, end, dim, dim_ok, q = _query_row(Q, CROW, sq, D, BLOCK_D)
+    row, q_off, start, end, dim, dim_ok, q = _query_row(Q, CROW, n, H, sq_b, sq_h, sq_n, D, BLOCK_D)
     row_max = tl.full([1], float("-inf"), tl.float32)
     row_sum = tl.zeros([1], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for e0 in range(start, end, BLOCK_E):
-        edge, ok, _, _, _, v_rows, score = _edge_chunk(
-            K, V, COLS, BIAS, q, e0, end, dim, dim_ok, sk, sv, scale, BLOCK_E, HAS_BIAS
+        edge, ok, _, _, _, _, v_rows, score = _edge_chunk(
+            K,
+            V,
+            COLS,
+            BIAS,
+            q,
+            e0,
+            end,
+            dim,
+            dim_ok,
+            m,
+            H,
+            sk_b,
+            sk_h,
+            sk_n,
+            sv_b,
+            sv_h,
+            sv_n,
+            scale,
+            BLOCK_E,
+            HAS_BIAS,
         )
         m_new = tl.maximum(row_max, tl.max(score, 0))
         # Only -inf so far (masked edges): a finite shift keeps exp(-inf - shift) = 0 instead of NaN.
@@ -85,7 +119,7 @@ def _edge_fwd(
         row_max = m_new
     has_mass = row_sum > 0.0
     out = acc / tl.where(has_mass, row_sum, 1.0)
-    tl.store(OUT + row * so + dim, out.to(OUT.dtype.element_ty), mask=dim_ok)
+    tl.store(OUT + q_off + dim, out.to(OUT.dtype.element_ty), mask=dim_ok)
     # Empty rows store lse = 0, so backward recomputes exact-zero probabilities for them.
     lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
     tl.store(LSE + row + tl.arange(0, 1), lse)
@@ -93,21 +127,40 @@ def _edge_fwd(
 
 @triton.jit
 def _edge_bwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT,
-    scale, keep_scale, sq, sk, sv, sdo, so,
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale, keep_scale,
+    n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
 ):  # fmt: skip
-    row, start, end, dim, dim_ok, q = _query_row(Q, CROW, sq, D, BLOCK_D)
-    do = tl.load(DO + row * sdo + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    row, q_off, start, end, dim, dim_ok, q = _query_row(Q, CROW, n, H, sq_b, sq_h, sq_n, D, BLOCK_D)
+    do = tl.load(DO + _row_offset(row, n, H, sdo_b, sdo_h, sdo_n) + dim, mask=dim_ok, other=0.0).to(tl.float32)
     lse = tl.load(LSE + row + tl.arange(0, 1))  # (1,)
-    out = tl.load(OUT + row * so + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    out = tl.load(OUT + q_off + dim, mask=dim_ok, other=0.0).to(tl.float32)
     delta = tl.sum(do * out, 0)  # rowsum(dO * O), of the output as written
     dq = tl.zeros([BLOCK_D], tl.float32)
     for e0 in range(start, end, BLOCK_E):
-        edge, ok, mask, col, k_rows, v_rows, score = _edge_chunk(
-            K, V, COLS, BIAS, q, e0, end, dim, dim_ok, sk, sv, scale, BLOCK_E, HAS_BIAS
+        edge, ok, mask, k_off, v_off, k_rows, v_rows, score = _edge_chunk(
+            K,
+            V,
+            COLS,
+            BIAS,
+            q,
+            e0,
+            end,
+            dim,
+            dim_ok,
+            m,
+            H,
+            sk_b,
+            sk_h,
+            sk_n,
+            sv_b,
+            sv_h,
+            sv_n,
+            scale,
+            BLOCK_E,
+            HAS_BIAS,
         )
         p = tl.exp(score - lse)  # recomputed probabilities, (BLOCK_E,)
         grad_final = tl.sum(v_rows * do[None, :], 1)  # d loss / d (p * keep * weight)
@@ -122,25 +175,36 @@ def _edge_bwd(
         if NEED_BIAS:
             tl.store(DBIAS + edge, grad_s, mask=ok)
         dq += tl.sum(grad_s[:, None] * k_rows, 0) * scale
-        # dK / dV are fp32 contiguous (C, D) buffers shared by every row: atomic adds.
-        tl.atomic_add(DK + col[:, None] * D + dim[None, :], (grad_s * scale)[:, None] * q[None, :], mask=mask)
-        tl.atomic_add(DV + col[:, None] * D + dim[None, :], (p * factor)[:, None] * do[None, :], mask=mask)
-    tl.store(DQ + row * D + dim, dq.to(DQ.dtype.element_ty), mask=dim_ok)
+        # dK / dV are fp32 buffers with k's and v's strides, shared by every row: atomic adds.
+        tl.atomic_add(DK + k_off[:, None] + dim[None, :], (grad_s * scale)[:, None] * q[None, :], mask=mask)
+        tl.atomic_add(DV + v_off[:, None] + dim[None, :], (p * factor)[:, None] * do[None, :], mask=mask)
+    tl.store(DQ + q_off + dim, dq.to(DQ.dtype.element_ty), mask=dim_ok)
+
+
+def _rows(t: Tensor) -> tuple[int, int, int, int, int]:
+    """`(rows per head, heads, batch stride, head stride, row stride)` of a `(rows, d)` or `(B, H, rows, d)` tensor."""
+    if t.dim() == 2:
+        return t.shape[0], 1, 0, 0, t.stride(0)
+    return t.shape[2], t.shape[1], *t.stride()[:3]
 
 
 class EdgeAttentionTriton(torch.autograd.Function):
-    """Autograd wrapper of the two kernels; see [`edge_attention_triton`] for the arguments."""
+    """Autograd wrapper of the two kernels; see [`edge_attention_triton`] for the arguments. q, k and v are dense
+    (`launch.dense`); the output and dq are made like q, the fp32 dK and dV buffers like k and v."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, weight, crow, cols, keep, keep_scale, scale):
-        num_rows, D = q.shape
-        out = torch.empty(num_rows, D, dtype=q.dtype, device=q.device)
+        n, H, *q_strides = _rows(q)
+        m, _, *k_strides = _rows(k)
+        _, _, *v_strides = _rows(v)
+        num_rows = crow.shape[0] - 1
+        out = torch.empty_like(q)
         lse = torch.empty(num_rows, dtype=torch.float32, device=q.device)
-        meta = _meta(D, bias, weight, keep)
+        meta = _meta(q.shape[-1], bias, weight, keep)
         if num_rows > 0:
             _edge_fwd[(num_rows,)](
                 q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), out, lse, scale, keep_scale,
-                q.stride(0), k.stride(0), v.stride(0), out.stride(0), **meta,
+                n, m, H, *q_strides, *k_strides, *v_strides, **meta,
             )  # fmt: skip
         ctx.save_for_backward(q, k, v, bias, weight, crow, cols, keep, out, lse)
         ctx.keep_scale, ctx.scale = keep_scale, scale
@@ -151,25 +215,28 @@ class EdgeAttentionTriton(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, bias, weight, crow, cols, keep, out, lse = ctx.saved_tensors
-        num_rows, D = q.shape
+        n, H, *q_strides = _rows(q)
+        m, _, *k_strides = _rows(k)
+        _, _, *v_strides = _rows(v)
+        num_rows = crow.shape[0] - 1
         need_bias = bias is not None and ctx.needs_input_grad[3]
         need_weight = weight is not None and ctx.needs_input_grad[4]
         if grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
         # Each row's program writes its dq once; the keys' and values' gradients are atomic fp32 sums, and the edge
         # gradients leave the padding edges untouched: those start from zero, all in one buffer.
-        dq = torch.empty(num_rows, D, dtype=q.dtype, device=q.device)
+        dq = torch.empty_like(q)
         sizes = (k.numel(), v.numel(), cols.numel() if need_bias else 0, cols.numel() if need_weight else 0)
         dk, dv, dbias, dweight = torch.zeros(sum(sizes), dtype=torch.float32, device=q.device).split(sizes)
-        dk, dv = dk.view(k.shape), dv.view(v.shape)
+        dk, dv = dk.as_strided(k.shape, k.stride()), dv.as_strided(v.shape, v.stride())
         dbias = dbias if need_bias else None
         dweight = dweight if need_weight else None
         if num_rows > 0:
             _edge_bwd[(num_rows,)](
                 q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), grad_out, out, lse,
                 dq, dk, dv, _or(dbias, dk), _or(dweight, dk), ctx.scale, ctx.keep_scale,
-                q.stride(0), k.stride(0), v.stride(0), grad_out.stride(0), out.stride(0),
-                NEED_BIAS=need_bias, NEED_WEIGHT=need_weight, **_meta(D, bias, weight, keep),
+                n, m, H, *q_strides, *k_strides, *v_strides, *_rows(grad_out)[2:],
+                NEED_BIAS=need_bias, NEED_WEIGHT=need_weight, **_meta(q.shape[-1], bias, weight, keep),
             )  # fmt: skip
         return dq, dk.to(k.dtype), dv.to(v.dtype), dbias, dweight, None, None, None, None, None
 
@@ -202,16 +269,18 @@ def edge_attention_triton(
     crow: Tensor | None = None,
 ) -> Tensor:
     """Triton implementation of [`attnzoo.kernels.edge_attention`] with an explicit dropout keep-mask `keep` (E,)
-    in the caller's edge order, or None; arguments as there (and checked there). q, k and v share one dtype among
-    fp32, bf16 and fp16; the result has it too. `crow`: the row pointers of sorted rows, if the caller has them."""
+    in the caller's edge order, or None; arguments as there (and checked there): q, k, v flat `(rows, d)` or
+    head-split `(B, H, rows, d)` (read in place, any dense layout), the result shaped and laid out as q. q, k and v
+    share one dtype among fp32, bf16 and fp16; the result has it too. `crow`: the row pointers of sorted rows, if the
+    caller has them."""
     check_dtypes(q, k, v)
-    num_rows = q.shape[0]
+    num_rows = q.shape[:-1].numel()
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if not sorted_rows:
         rows, cols, (logit_bias, edge_weight, keep) = sort_edges(rows, cols, num_rows, logit_bias, edge_weight, keep)
     if crow is None:
         crow = row_pointers(rows, num_rows)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = (dense(t) for t in (q, k, v))
     keep_scale = 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)
     keep = None if keep is None else keep.contiguous().view(torch.uint8)
     bias = None if logit_bias is None else logit_bias.contiguous()

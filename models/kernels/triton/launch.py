@@ -32,6 +32,14 @@ def row_strides(x: Tensor) -> tuple[int, ...]:
     return tuple(x.stride()[:-1])
 
 
+def dense(t: Tensor) -> Tensor:
+    """`t`, or a contiguous copy unless it is dense with a contiguous last axis: tensors made like it (`empty_like`:
+    outputs, gradient buffers) then share its strides, so that one set of offsets addresses them all."""
+    if t.stride(-1) == 1 and torch.empty_like(t, device="meta").stride() == t.stride():
+        return t
+    return t.contiguous()
+
+
 def query_tile_meta(head_dim: int) -> dict:
     """The launch parameters of the kernels that give each program a block of queries and the full head size
     (gathered and interpolated attention): `D`, `BLOCK_D`, `BLOCK_M` (queries per program) and `num_warps`."""

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import block_d
+from .launch import block_d, dense
 from .launch import pointer_or as _or
 
 BLOCK_R = 32  # rows per tile
@@ -159,8 +159,9 @@ def _memberships_bwd(
         grad_w1 += tl.dot(tl.trans(x), grad_pre, input_precision="ieee")
         grad_b1 += tl.sum(grad_pre, 0)
         grad_x = tl.dot(grad_pre, tl.trans(w1), input_precision="ieee")
+        # dx is made like x (`launch.dense`): the same offsets
         dx_mask = row_ok[:, None] & d_ok[None, :]
-        tl.store(DX + flat[:, None] * D + d[None, :], grad_x.to(DX.dtype.element_ty), mask=dx_mask)
+        tl.store(DX + row_off[:, None] + d[None, :], grad_x.to(DX.dtype.element_ty), mask=dx_mask)
     # This program's partial sums, each parameter in its own layout (what the reduction writes out as it is).
     base = PART + (h * part_row + s) * part_cols
     w_within = d[:, None] * sw_i + d[None, :] * sw_o
@@ -390,7 +391,7 @@ class _Memberships(torch.autograd.Function):
         mlp_heads = 1 if settings.shared else H
         total = mlp_heads * (2 * D * D + 2 * D) + H * K * D
         flat = torch.empty(total, dtype=weight1.dtype, device=weight1.device)
-        grad_xs = [None if grad is None else x.new_empty(x.shape) for x, grad in zip(xs, grads, strict=True)]
+        grad_xs = [None if grad is None else torch.empty_like(x) for x, grad in zip(xs, grads, strict=True)]
         if part_row:
             part = torch.empty(H, part_row, part_cols, dtype=torch.float32, device=weight1.device)
             row0 = 0
@@ -460,7 +461,7 @@ def memberships_triton(
     for x, valid in inputs:
         if x.dim() != 4 or x.shape[1] != H or x.shape[3] != D:
             raise ValueError(f"inputs must be (G, {H}, n, {D}), got {tuple(x.shape)}")
-        xs.append(x if x.stride(-1) == 1 else x.contiguous())
+        xs.append(dense(x))  # its input gradient is made like it, and written at the same offsets
         if valid is not None:
             valid = valid.contiguous().view(torch.uint8)
         valids.append(valid)
