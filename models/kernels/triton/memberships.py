@@ -263,6 +263,7 @@ class _BlockMatrix(torch.autograd.Function):
         return grad_clusters
 
 
+@torch.compiler.disable  # eager under torch.compile (a graph break), as the families' other Triton Functions
 def block_matrix_triton(clusters: Tensor) -> Tensor:
     """SBM's block matrices `Ŝ = softmax(C Cᵀ)`, a softmax over all `K²` entries of each head, differentiable.
 
@@ -299,6 +300,7 @@ def _fastrg_weights(
     tl.store(ROW_RATES + rows, tl.sum(weights, 1), mask=row_ok)
 
 
+@torch.compiler.disable  # eager under torch.compile (a graph break), as the families' other Triton Functions
 def fastrg_weights_triton(q_memb: Tensor, blocks: Tensor, cluster_totals: Tensor) -> tuple[Tensor, Tensor]:
     """The rates of SBM's fastRG draws (`attnzoo.sbm.fastrg.sampler_inputs`, whose torch code is the reference):
     `weights = (Q̂ Ŝ) z` and their sums over the clusters, in one launch instead of a GEMM, a product and a sum.
@@ -424,6 +426,7 @@ def membership_kernels_support(head_dim: int, num_clusters: int) -> bool:
     return head_dim <= MAX_HEAD_DIM and num_clusters <= MAX_CLUSTERS
 
 
+@torch.compiler.disable  # eager under torch.compile (a graph break), as the families' other Triton Functions
 def memberships_triton(
     inputs: tuple[tuple[Tensor, Tensor | None], ...],
     weight1: Tensor,
