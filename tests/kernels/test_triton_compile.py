@@ -45,6 +45,9 @@ for head_dim, flag in ((64, True), (64, False), (128, True)):
     # dq is written once per row, in q's dtype
     compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=flag, NEED_WEIGHT=flag), dict(DTYPES, DQ="*bf16"),
                    ints=("H",))
+    if flag:  # the padding edges' gradients, zeroed apart
+        compile_kernel(edgelist._zero_padding_edges, {"BLOCK": edgelist.TAIL_BLOCK, "NEED_BIAS": True,
+                                                      "NEED_WEIGHT": True}, DTYPES)
 """
 
 

@@ -28,6 +28,7 @@ from .launch import pointer_or as _or
 # on); 32 spilled in backward at d = 128 with fewer warps.
 BLOCK_E = 16
 NUM_WARPS = 4
+TAIL_BLOCK = 1024  # padding edges per program of `_zero_padding_edges`
 
 
 @triton.jit
@@ -188,6 +189,18 @@ def _rows(t: Tensor) -> tuple[int, int, int, int, int]:
     return t.shape[2], t.shape[1], *t.stride()[:3]
 
 
+@triton.jit
+def _zero_padding_edges(CROW, DBIAS, DWEIGHT, num_rows, num_edges, BLOCK: tl.constexpr, NEED_BIAS: tl.constexpr,
+                        NEED_WEIGHT: tl.constexpr):  # fmt: skip
+    """Zero gradients of the padding edges (past `crow[num_rows]`), which no row's program visits."""
+    edge = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tail = (edge >= tl.load(CROW + num_rows)) & (edge < num_edges)
+    if NEED_BIAS:
+        tl.store(DBIAS + edge, tl.zeros([BLOCK], tl.float32), mask=tail)
+    if NEED_WEIGHT:
+        tl.store(DWEIGHT + edge, tl.zeros([BLOCK], tl.float32), mask=tail)
+
+
 class EdgeAttentionTriton(torch.autograd.Function):
     """Autograd wrapper of the two kernels; see [`edge_attention_triton`] for the arguments. q, k and v are dense
     (`launch.dense`); the output and dq are made like q, the fp32 dK and dV buffers like k and v."""
@@ -223,14 +236,18 @@ class EdgeAttentionTriton(torch.autograd.Function):
         need_weight = weight is not None and ctx.needs_input_grad[4]
         if grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
-        # Each row's program writes its dq once; the keys' and values' gradients are atomic fp32 sums, and the edge
-        # gradients leave the padding edges untouched: those start from zero, all in one buffer.
+        # Each row's program writes its dq and its edges' gradients once (the padding edges' are zeroed apart); the
+        # keys' and values' gradients are atomic fp32 sums, from zero, in one buffer.
         dq = torch.empty_like(q)
-        sizes = (k.numel(), v.numel(), cols.numel() if need_bias else 0, cols.numel() if need_weight else 0)
-        dk, dv, dbias, dweight = torch.zeros(sum(sizes), dtype=torch.float32, device=q.device).split(sizes)
+        dk, dv = torch.zeros(k.numel() + v.numel(), dtype=torch.float32, device=q.device).split((k.numel(), v.numel()))
         dk, dv = dk.as_strided(k.shape, k.stride()), dv.as_strided(v.shape, v.stride())
-        dbias = dbias if need_bias else None
-        dweight = dweight if need_weight else None
+        dbias = torch.empty(cols.shape, dtype=torch.float32, device=q.device) if need_bias else None
+        dweight = torch.empty(cols.shape, dtype=torch.float32, device=q.device) if need_weight else None
+        if (need_bias or need_weight) and cols.numel() > 0:
+            _zero_padding_edges[(triton.cdiv(cols.numel(), TAIL_BLOCK),)](
+                crow, _or(dbias, dk), _or(dweight, dk), num_rows, cols.numel(), BLOCK=TAIL_BLOCK,
+                NEED_BIAS=need_bias, NEED_WEIGHT=need_weight,
+            )  # fmt: skip
         if num_rows > 0:
             _edge_bwd[(num_rows,)](
                 q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), grad_out, out, lse,
