@@ -178,10 +178,11 @@ class SBMAttention(ZooAttention):
         """`(Q̂, K̂, Ŝ)`: the memberships of the queries `(B, H, n, k)` and keys `(B, H, m, k)` and the block matrix
         `(H, k, k)`, in fp32 (the cluster embeddings cast once for the three).
 
-        When `n == m` the queries and keys go through the membership MLP together, stacked along the batch (one pass
-        of its ops for both; the cluster logits, `(B, H, n, k)` fp32 each, are made apart so that none is larger than
-        the FFN activation at 128 clusters); `joint` `(2B, H, n, d)`: that stack, if the caller holds `q` and `k` in
-        it.
+        Where the attention backend runs the Triton kernels ([`selection_kernels`]), the network, the memberships and
+        the block matrix are fused kernels (their backward too). Otherwise, when `n == m`, the queries and keys go
+        through the membership MLP together, stacked along the batch (one pass of its ops for both; the cluster
+        logits, `(B, H, n, k)` fp32 each, are made apart so that none is larger than the FFN activation at 128
+        clusters); `joint` `(2B, H, n, d)`: that stack, if the caller holds `q` and `k` in it.
         """
         kernels = self.selection_kernels(q.device)
         if kernels is not None:  # the network and the memberships in one kernel per input (two in backward)
