@@ -7,10 +7,11 @@ and zeroes the padded rows: about ten ops forward. Its backward, which fastRG's 
 forward, is about thirty: every GEMM and elementwise step of the chain, a cast per parameter and the sums of the bias
 gradients. Here:
 
-- [`_memberships_fwd`]: a program takes a tile of rows of one head, runs the MLP on them (products in the
-  parameters' dtype, accumulated in fp32, each layer's output rounded to that dtype as torch's linear layers round
-  it), then the cluster logits in fp32 (the features and the embeddings are both values of the parameters' dtype, so
-  their products are exact in fp32, as in the reference's fp32 GEMM) and the memberships;
+- [`_memberships_fwd`]: a program takes a tile of rows of one head, runs the MLP on them (values of the parameters'
+  dtype multiplied in IEEE fp32, where their products are exact, and summed in fp32, as the zoo's other kernels do;
+  each layer's output rounded to the parameters' dtype as torch's linear layers round it), then the cluster logits
+  in fp32 (the features and the embeddings are both values of the parameters' dtype, as in the reference's fp32
+  GEMM) and the memberships;
 - [`_memberships_bwd`]: a program takes every S-th tile of one head, recomputes the tile's forward, writes the
   gradient of its input rows and accumulates the gradients of the five parameters over its tiles in registers (the
   gradients between the layers rounded to the parameters' dtype as the reference's autograd rounds them), then
@@ -90,8 +91,9 @@ def _memberships_fwd(
     n, H, D, K, sx_g, sx_h, sx_n, sv_g, sw_h, sw_i, sw_o, sb_h, logit_bias,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_VALID: tl.constexpr,
 ):  # fmt: skip
-    i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # positions
-    gh = tl.program_id(1).to(tl.int64)  # g * H + h
+    # The (example, head) pairs on the grid's first axis: CUDA caps the second at 65,535.
+    gh = tl.program_id(0).to(tl.int64)  # g * H + h
+    i = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # positions
     g = gh // H
     h = gh % H
     row_ok = i < n
@@ -285,8 +287,8 @@ def _fastrg_weights(
     QM, BLOCKS, TOTALS, W, ROW_RATES, n, H, K,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    bh = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(0).to(tl.int64)  # (example, head) pairs first: CUDA caps the grid's second axis at 65,535
+    i = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     h = bh % H
     u = tl.arange(0, BLOCK_K)
     u_ok = u < K
@@ -320,7 +322,7 @@ def fastrg_weights_triton(q_memb: Tensor, blocks: Tensor, cluster_totals: Tensor
     weights = torch.empty_like(q_memb)
     row_rates = torch.empty(B, H, n, dtype=torch.float32, device=q_memb.device)
     if weights.numel():
-        _fastrg_weights[(triton.cdiv(n, BLOCK_R), B * H)](
+        _fastrg_weights[(B * H, triton.cdiv(n, BLOCK_R))](
             q_memb, blocks, cluster_totals, weights, row_rates, n, H, K,
             BLOCK_R=BLOCK_R, BLOCK_K=block_d(K), num_warps=FWD_WARPS,
         )  # fmt: skip
@@ -360,7 +362,7 @@ class _Memberships(torch.autograd.Function):
             G, _, n, _ = x.shape
             out = torch.empty(G, H, n, K, dtype=torch.float32, device=x.device)
             if out.numel():
-                _memberships_fwd[(triton.cdiv(n, BLOCK_R), G * H)](
+                _memberships_fwd[(G * H, triton.cdiv(n, BLOCK_R))](
                     x, _or(valid, out), weight1, bias1, weight2, bias2, clusters, out,
                     n, H, D, K, *_row_strides(x), 0 if valid is None else valid.stride(0), sw_h, sw_i, sw_o, sb_h,
                     settings.logit_bias,
