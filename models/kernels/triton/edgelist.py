@@ -85,27 +85,9 @@ def _edge_fwd(
     acc = tl.zeros([BLOCK_D], tl.float32)
     for e0 in range(start, end, BLOCK_E):
         edge, ok, _, _, _, _, v_rows, score = _edge_chunk(
-            K,
-            V,
-            COLS,
-            BIAS,
-            q,
-            e0,
-            end,
-            dim,
-            dim_ok,
-            m,
-            H,
-            sk_b,
-            sk_h,
-            sk_n,
-            sv_b,
-            sv_h,
-            sv_n,
-            scale,
-            BLOCK_E,
+            K, V, COLS, BIAS, q, e0, end, dim, dim_ok, m, H, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, BLOCK_E,
             HAS_BIAS,
-        )
+        )  # fmt: skip
         m_new = tl.maximum(row_max, tl.max(score, 0))
         # Only -inf so far (masked edges): a finite shift keeps exp(-inf - shift) = 0 instead of NaN.
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -142,27 +124,9 @@ def _edge_bwd(
     dq = tl.zeros([BLOCK_D], tl.float32)
     for e0 in range(start, end, BLOCK_E):
         edge, ok, mask, k_off, v_off, k_rows, v_rows, score = _edge_chunk(
-            K,
-            V,
-            COLS,
-            BIAS,
-            q,
-            e0,
-            end,
-            dim,
-            dim_ok,
-            m,
-            H,
-            sk_b,
-            sk_h,
-            sk_n,
-            sv_b,
-            sv_h,
-            sv_n,
-            scale,
-            BLOCK_E,
+            K, V, COLS, BIAS, q, e0, end, dim, dim_ok, m, H, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, BLOCK_E,
             HAS_BIAS,
-        )
+        )  # fmt: skip
         p = tl.exp(score - lse)  # recomputed probabilities, (BLOCK_E,)
         grad_final = tl.sum(v_rows * do[None, :], 1)  # d loss / d (p * keep * weight)
         factor = tl.where(ok, 1.0, 0.0)
