@@ -186,11 +186,10 @@ class SBMAttention(ZooAttention):
         """
         kernels = self.selection_kernels(q.device)
         if kernels is not None:  # the network and the memberships in one kernel per input (two in backward)
-            q_memb, k_memb = kernels.memberships_triton(
+            return kernels.memberships_triton(
                 ((self.unrotated(q), query_valid), (self.unrotated(k), key_valid)), *self.membership_weights(),
                 self.clusters, logit_bias=self.config.membership_logit_bias, shared=self.config.shared_membership_mlp,
             )  # fmt: skip
-            return q_memb, k_memb, kernels.block_matrix_triton(self.clusters)
         if q.shape == k.shape:
             joint = torch.cat([q, k]) if joint is None else joint  # (2B, H, n, d)
             q_features, k_features = self.membership_features(self.unrotated(joint)).split(q.shape[0])

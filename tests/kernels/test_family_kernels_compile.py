@@ -208,7 +208,9 @@ for x_dtype, p_dtype, padded, shared, width, clusters in [
     compile_kernel(mb._memberships_bwd, dict(meta, num_warps=mb.BWD_WARPS),
                    dict(params, X=x_dtype, DX=x_dtype, VALID="*u8" if padded else x_dtype), ones, floats=BIAS,
                    ints=SIZES)
-    compile_kernel(mb._sum_partials, {"BLOCK": mb.SUM_BLOCK}, {"OUT": p_dtype}, ints=SIZES)
+    # with the block matrix's part of dC (the fused call) and without (the parameters' gradients only)
+    for extra in (True, False):
+        compile_kernel(mb._sum_partials, {"BLOCK": mb.SUM_BLOCK, "HAS_EXTRA": extra}, {"OUT": p_dtype}, ints=SIZES)
     block = {"BLOCK_K": launch.block_d(clusters), "BLOCK_D": launch.block_d(width),
              "num_warps": mb._block_warps(clusters)}
     compile_kernel(mb._block_matrix_fwd, block, {"C": p_dtype}, ints=SIZES)

@@ -126,3 +126,16 @@ def test_fused_fastrg_rates_equal_the_torch_sampler_inputs(clusters):
     reference = sampler_inputs(q_memb, k_memb, blocks, None, None)
     for name in ("weights", "row_rates", "rates", "cluster_totals"):
         torch.testing.assert_close(getattr(fused, name), getattr(reference, name), rtol=1e-5, atol=0)
+
+
+def test_fused_block_matrix_on_its_own_equals_the_reference():
+    """`SBMAttention.block_matrix()` (the block matrices without the memberships) on the Triton path."""
+    fused_attn, reference_attn = (_attention(False, backend, torch.float32) for backend in ("triton", "reference"))
+    grad = torch.randn(3, 20, 20, generator=torch.Generator().manual_seed(8))
+    results = []
+    for attn in (fused_attn, reference_attn):
+        blocks = attn.block_matrix()
+        (clusters_grad,) = torch.autograd.grad((blocks * grad).sum(), attn.clusters)
+        results.append((blocks, clusters_grad))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)

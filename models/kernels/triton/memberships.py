@@ -176,11 +176,12 @@ def _memberships_bwd(
 
 @triton.jit
 def _sum_partials(
-    PART, OUT, mlp_heads, H, D, K, rows_per_head, part_cols, total, max_count,
-    BLOCK: tl.constexpr,
+    PART, EXTRA, OUT, mlp_heads, H, D, K, rows_per_head, part_cols, total, max_count,
+    BLOCK: tl.constexpr, HAS_EXTRA: tl.constexpr,
 ):  # fmt: skip
     """`OUT` = `[dW1 | db1 | dW2 | db2 | dC]`, each of every head it has, flat, in the parameters' dtype: the sum
-    of the partial rows of its head (of all heads for an MLP shared by the heads)."""
+    of the partial rows of its head (of all heads for an MLP shared by the heads), and for dC the block matrix's
+    gradient `EXTRA` `(H, K, d)` fp32 (one rounding to the parameters' dtype for both)."""
     q = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = q < total
     dd = D * D
@@ -202,6 +203,8 @@ def _sum_partials(
     acc = tl.zeros([BLOCK], tl.float32)
     for r in range(0, max_count):
         acc += tl.load(PART + (first + r) * part_cols + column, mask=ok & (r < count), other=0.0)
+    if HAS_EXTRA:
+        acc += tl.load(EXTRA + (q - e4), mask=ok & (q >= e4), other=0.0)
     tl.store(OUT + q, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
@@ -241,16 +244,18 @@ def _block_matrix_bwd(C, GRAD, DC, K, D, sg_h, sg_u, sg_v, BLOCK_K: tl.constexpr
     tl.store(DC + h * K * D + u[:, None] * D + d[None, :], grad_c.to(DC.dtype.element_ty), mask=c_mask)
 
 
+def _block_meta(num_clusters: int, head_dim: int) -> dict:
+    return {"BLOCK_K": block_d(num_clusters), "BLOCK_D": block_d(head_dim), "num_warps": _block_warps(num_clusters)}
+
+
 class _BlockMatrix(torch.autograd.Function):
     @staticmethod
     def forward(ctx, clusters: Tensor) -> Tensor:
         H, K, D = clusters.shape
         blocks = torch.empty(H, K, K, dtype=torch.float32, device=clusters.device)
-        meta = {"BLOCK_K": block_d(K), "BLOCK_D": block_d(D), "num_warps": _block_warps(K)}
         if blocks.numel():
-            _block_matrix_fwd[(H,)](clusters, blocks, K, D, **meta)
+            _block_matrix_fwd[(H,)](clusters, blocks, K, D, **_block_meta(K, D))
         ctx.save_for_backward(clusters)
-        ctx.meta = meta
         return blocks
 
     @staticmethod
@@ -261,7 +266,7 @@ class _BlockMatrix(torch.autograd.Function):
         grad_clusters = torch.empty_like(clusters, memory_format=torch.contiguous_format)
         if grad_clusters.numel():
             # Read in its own layout (autograd hands the transposed gradient of a product over)
-            _block_matrix_bwd[(H,)](clusters, grad, grad_clusters, K, D, *grad.stride(), **ctx.meta)
+            _block_matrix_bwd[(H,)](clusters, grad, grad_clusters, K, D, *grad.stride(), **_block_meta(K, D))
         return grad_clusters
 
 
@@ -370,15 +375,18 @@ class _Memberships(torch.autograd.Function):
                     num_warps=FWD_WARPS,
                 )  # fmt: skip
             outs.append(out)
+        blocks = torch.empty(H, K, K, dtype=torch.float32, device=clusters.device)
+        _block_matrix_fwd[(H,)](clusters, blocks, K, D, **_block_meta(K, D))
         ctx.settings = settings
         ctx.save_for_backward(weight1, bias1, weight2, bias2, clusters, *xs)
-        return tuple(outs)
+        return (*outs, blocks)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
         weight1, bias1, weight2, bias2, clusters, *xs = ctx.saved_tensors
         settings = ctx.settings
+        *grads, grad_blocks = grads
         H, K, D = clusters.shape
         sw_h, sw_i, sw_o, sb_h = _mlp_strides(weight1, bias1, settings.shared)
         # Each input with a gradient: its programs per head (enough tiles each that the partial sums stay small).
@@ -396,6 +404,12 @@ class _Memberships(torch.autograd.Function):
         total = mlp_heads * (2 * D * D + 2 * D) + H * K * D
         flat = torch.empty(total, dtype=weight1.dtype, device=weight1.device)
         grad_xs = [None if grad is None else torch.empty_like(x) for x, grad in zip(xs, grads, strict=True)]
+        # The block matrix's part of dC, in fp32: the reduction adds it before rounding.
+        extra = None
+        if grad_blocks is not None:
+            extra = torch.empty(H, K, D, dtype=torch.float32, device=clusters.device)
+            _block_matrix_bwd[(H,)](clusters, grad_blocks, extra, K, D, *grad_blocks.stride(), **_block_meta(K, D))
+        part = flat  # a placeholder pointer when no input has a gradient (the reduction then reads no row)
         if part_row:
             part = torch.empty(H, part_row, part_cols, dtype=torch.float32, device=weight1.device)
             row0 = 0
@@ -411,12 +425,10 @@ class _Memberships(torch.autograd.Function):
                     num_warps=BWD_WARPS,
                 )  # fmt: skip
                 row0 += programs
-            _sum_partials[(triton.cdiv(total, SUM_BLOCK),)](
-                part, flat, mlp_heads, H, D, K, part_row, part_cols, total,
-                H * part_row if settings.shared else part_row, BLOCK=SUM_BLOCK,
-            )  # fmt: skip
-        else:
-            flat.zero_()
+        _sum_partials[(triton.cdiv(total, SUM_BLOCK),)](
+            part, _or(extra, part), flat, mlp_heads, H, D, K, part_row, part_cols, total,
+            H * part_row if settings.shared else part_row, BLOCK=SUM_BLOCK, HAS_EXTRA=extra is not None,
+        )  # fmt: skip
         sizes = [weight1.numel(), bias1.numel(), weight2.numel(), bias2.numel(), clusters.numel()]
         params = (weight1, bias1, weight2, bias2, clusters)
         grads_params = [part.view(p.shape) for part, p in zip(flat.split(sizes), params, strict=True)]
@@ -424,7 +436,7 @@ class _Memberships(torch.autograd.Function):
 
 
 def membership_kernels_support(head_dim: int, num_clusters: int) -> bool:
-    """Whether [`sbm_memberships_triton`] takes this head size and number of clusters (one tile each)."""
+    """Whether [`memberships_triton`] takes this head size and number of clusters (one tile each)."""
     return head_dim <= MAX_HEAD_DIM and num_clusters <= MAX_CLUSTERS
 
 
@@ -440,7 +452,8 @@ def memberships_triton(
     logit_bias: float,
     shared: bool,
 ) -> tuple[Tensor, ...]:
-    """SBM's memberships `σ(MLP(x) Cᵀ + logit_bias)` of each input, differentiable in the inputs and the parameters.
+    """SBM's memberships `σ(MLP(x) Cᵀ + logit_bias)` of each input and the block matrices, differentiable in the inputs
+    and the parameters.
 
     Args:
         inputs (`tuple` of `(x, valid)`): `x` `(G, H, n, d)` (the last axis contiguous), the queries or keys before the
@@ -453,7 +466,9 @@ def memberships_triton(
         shared (`bool`): one MLP for all heads.
 
     Returns:
-        `tuple` of `torch.Tensor` of shape `(G, H, n, K)`, fp32: the memberships of each input.
+        `tuple` of `torch.Tensor`: the memberships of each input, `(G, H, n, K)` fp32, then the block matrices
+        `Ŝ = softmax(C Cᵀ)` `(H, K, K)` fp32 (as [`block_matrix_triton`]; in this call, the two parts of the cluster
+        embeddings' gradient are summed in fp32 and rounded once).
     """
     H, K, D = clusters.shape
     params = (weight1, bias1, weight2, bias2, clusters)
