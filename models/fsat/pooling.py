@@ -6,7 +6,9 @@ channel), zero for a row without any real pair. Two implementations:
 - [`pooled_cross_plain`]: two zero-padded real FFTs, their product and an inverse, then the merge, in plain autograd
   (the reference; autograd keeps both spectra and the padded copies: about 480 MB per layer at 16K tokens, width 768);
 - [`pooled_cross_fused`]: a custom autograd Function that saves only `f1` and `f2` and recomputes in backward, with
-  no intermediate larger than a `(B, N, D)` complex tensor (the plain one's spectra are `(B, 2N, D)`).
+  no intermediate larger than a `(B, N, D)` complex tensor (the plain one's spectra are `(B, 2N, D)`);
+  [`pooled_cross_stacked`] is the same Function on the two maps stacked `(2, B, N, D)` (the layer's feature maps
+  write them so), whose gradient comes back stacked.
 
 The fused one splits each sequence into its even and odd tokens, `f = e(x^2) + x o(x^2)` as polynomials. The merge
 keeps antidiagonals `2t` and `2t+1` of `f1 f2`, the odd coefficients of `f1 f2 (1 + x)`, which are
