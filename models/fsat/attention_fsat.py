@@ -76,7 +76,8 @@ class FeatureMap(nn.Module):
     """One of FSAT's parameterised feature maps `f1`, `f2` (D -> D).
 
     `"mlp"`: `W2 act(W1 x + b1) + b2`. `"dsconv"`: depth-wise Conv1d over the sequence, activation, point-wise
-    Linear. Inputs are zeroed at padded positions first, so a convolution never reads padding.
+    Linear. Inputs are zeroed at padded positions first, so a convolution never reads padding. The layer runs its two
+    `"mlp"` maps together ([`FSATAttention.feature_maps`]); this `forward` is their reference and the `"dsconv"` path.
     """
 
     def __init__(self, config: FSATConfig):

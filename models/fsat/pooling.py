@@ -161,8 +161,8 @@ class _PooledCross(torch.autograd.Function):
         if ctx.stacked:
             features, *padded = ctx.saved_tensors
             f1, f2 = features[0], features[1]
-            # The two gradients written into one `(2, B, N, D)` tensor, the stacked input's.
-            stacked_grad = torch.empty_like(features)
+            # The two gradients written into one contiguous `(2, B, N, D)` tensor, the stacked input's.
+            stacked_grad = torch.empty(features.shape, dtype=features.dtype, device=features.device)
             grad_f1, grad_f2 = stacked_grad[0], stacked_grad[1]
             grads = (stacked_grad, None)
         else:

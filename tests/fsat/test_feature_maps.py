@@ -196,6 +196,18 @@ def test_the_stacked_pooled_cross_equals_the_pair_forward_and_backward(padded, d
         assert torch.autograd.gradcheck(lambda f: pooled_cross_stacked(f, valid), (features,))
 
 
+def test_the_stacked_pooled_cross_takes_any_layout_and_returns_a_contiguous_gradient():
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(B, 2, N, D, generator=g, dtype=torch.float64).transpose(0, 1).requires_grad_()
+    pair = [f.detach().clone().requires_grad_() for f in features]
+    out = pooled_cross_stacked(features, None)
+    expected = pooled_cross_fused(*pair, None)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    (grad,) = torch.autograd.grad(out.sum(), features)
+    assert grad.is_contiguous()
+    torch.testing.assert_close(grad, torch.stack(torch.autograd.grad(expected.sum(), pair)), rtol=1e-12, atol=1e-12)
+
+
 def test_the_stacked_pooled_cross_saves_the_stacked_maps_once():
     features = torch.randn(2, B, 300, D, requires_grad=True)
     seen: dict[int, int] = {}
