@@ -42,7 +42,8 @@ from ..kernels.key_slots import (
     truncate_positive_gradient,
 )
 from .configuration_fsat import FSATConfig
-from .pooling import antidiagonal_sums, central_token_merge, pooled_cross_fused
+from .feature_maps import mlp_feature_maps
+from .pooling import antidiagonal_sums, central_token_merge, pooled_cross_stacked
 from .recompute import linear_of_recomputed
 
 __all__ = [
@@ -75,7 +76,8 @@ class FeatureMap(nn.Module):
     """One of FSAT's parameterised feature maps `f1`, `f2` (D -> D).
 
     `"mlp"`: `W2 act(W1 x + b1) + b2`. `"dsconv"`: depth-wise Conv1d over the sequence, activation, point-wise
-    Linear. Inputs are zeroed at padded positions first, so a convolution never reads padding.
+    Linear. Inputs are zeroed at padded positions first, so a convolution never reads padding. The layer runs its two
+    `"mlp"` maps together ([`FSATAttention.feature_maps`]); this `forward` is their reference and the `"dsconv"` path.
     """
 
     def __init__(self, config: FSATConfig):
@@ -205,15 +207,29 @@ class FSATAttention(ZooAttention):
 
         `valid` `(B, N)` marks real tokens (`None`: all real). Rows without any real pair are exact zeros before the
         LayerNorm (`pooling.rows_with_pairs`). Every attention backend pools with the Function that saves only the
-        feature maps (`pooling.pooled_cross_fused`: the method's own computation, not an attention kernel; tested
+        feature maps (`pooling.pooled_cross_stacked`: the method's own computation, not an attention kernel; tested
         against the plain-autograd FFT, whose fp32 round-off is about half of its 4e-7).
         """
-        f1 = self.feature_map_1(hidden_states, valid)
-        f2 = self.feature_map_2(hidden_states, valid)
-        merged = pooled_cross_fused(
-            f1, f2, valid, out_dtype=hidden_states.dtype, backend=self.config.attention_backend
-        )
+        merged = pooled_cross_stacked(
+            self.feature_maps(hidden_states, valid), valid, out_dtype=hidden_states.dtype,
+            backend=self.config.attention_backend,
+        )  # fmt: skip
         return self.cross_norm(merged)
+
+    def feature_maps(self, hidden_states: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """`f1` and `f2` of the hidden states, stacked `(2, B, N, D)`, zero at padded positions (`valid`).
+
+        The `"mlp"` maps run as one autograd Function ([`~attnzoo.fsat.feature_maps.mlp_feature_maps`]: one
+        activation for both, their gradients by batched GEMMs, one input gradient; equal to the two modules'
+        `forward`, tested), the `"dsconv"` ones module by module.
+        """
+        first, second = self.feature_map_1, self.feature_map_2
+        if first.conv is not None:
+            return torch.stack((first(hidden_states, valid), second(hidden_states, valid)))
+        mask = None if valid is None else valid[..., None].to(hidden_states.dtype)  # (B, N, 1)
+        x = hidden_states if mask is None else hidden_states * mask
+        features = mlp_feature_maps(x, first, second, first.act)
+        return features if mask is None else features * mask
 
     def predict_indices(self, cross: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         """Continuous predicted query positions `I_bar` `(B, H, N, M)` in fp32, in `(0, L)`.

@@ -6,7 +6,9 @@ channel), zero for a row without any real pair. Two implementations:
 - [`pooled_cross_plain`]: two zero-padded real FFTs, their product and an inverse, then the merge, in plain autograd
   (the reference; autograd keeps both spectra and the padded copies: about 480 MB per layer at 16K tokens, width 768);
 - [`pooled_cross_fused`]: a custom autograd Function that saves only `f1` and `f2` and recomputes in backward, with
-  no intermediate larger than a `(B, N, D)` complex tensor (the plain one's spectra are `(B, 2N, D)`).
+  no intermediate larger than a `(B, N, D)` complex tensor (the plain one's spectra are `(B, 2N, D)`);
+  [`pooled_cross_stacked`] is the same Function on the two maps stacked `(2, B, N, D)` (the layer's feature maps
+  write them so), whose gradient comes back stacked.
 
 The fused one splits each sequence into its even and odd tokens, `f = e(x^2) + x o(x^2)` as polynomials. The merge
 keeps antidiagonals `2t` and `2t+1` of `f1 f2`, the odd coefficients of `f1 f2 (1 + x)`, which are
@@ -113,12 +115,16 @@ def _shift_minus_one(length: int, dtype: torch.dtype, device: torch.device) -> T
 
 
 class _PooledCross(torch.autograd.Function):
-    """[`pooled_cross_fused`]; `has_pairs` `(B or 1, N, 1)` bool marks the rows with a real pair; `kernels` is
-    [`attnzoo.kernels.triton.fsat_pooling`] for the Triton path (the elementwise steps between the transforms fused),
-    else None."""
+    """[`pooled_cross_fused`] (`f1`, `f2`) and [`pooled_cross_stacked`] (`f1` the stacked maps `(2, B, N, D)`, `f2`
+    None: then they are saved as one tensor and their gradient comes back stacked too); `has_pairs` `(B or 1, N, 1)`
+    bool marks the rows with a real pair; `kernels` is [`attnzoo.kernels.triton.fsat_pooling`] for the Triton path
+    (the elementwise steps between the transforms fused), else None."""
 
     @staticmethod
-    def forward(ctx, f1: Tensor, f2: Tensor, has_pairs: Tensor, out_dtype: torch.dtype, kernels) -> Tensor:
+    def forward(ctx, f1: Tensor, f2: Tensor | None, has_pairs: Tensor, out_dtype: torch.dtype, kernels) -> Tensor:
+        features = f1
+        if f2 is None:  # both maps stacked `(2, B, N, D)` in `f1`
+            f1, f2 = features[0], features[1]
         N = f1.shape[1]
         real = _fft_dtype(f1.dtype)
         with torch.autocast(device_type=f1.device.type, enabled=False):
@@ -139,18 +145,30 @@ class _PooledCross(torch.autograd.Function):
                 merged = torch.addcmul(pooled, f1, f2, value=-1.0)
                 out = torch.mul(merged, has_pairs, out=torch.empty(merged.shape, dtype=out_dtype, device=f1.device))
         ctx.kernels = kernels
+        saved = (features,) if features is not f1 else (f1, f2)
+        ctx.stacked = features is not f1
         if has_pairs.shape[0] == 1:
             # The cached mask of an unpadded input (`_rows_below_last`) is shared by every layer: not this call's.
             ctx.has_pairs = has_pairs
-            ctx.save_for_backward(f1, f2)
+            ctx.save_for_backward(*saved)
         else:
-            ctx.save_for_backward(f1, f2, has_pairs)
+            ctx.save_for_backward(*saved, has_pairs)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
-        f1, f2, *padded = ctx.saved_tensors
+        if ctx.stacked:
+            features, *padded = ctx.saved_tensors
+            f1, f2 = features[0], features[1]
+            # The two gradients written into one contiguous `(2, B, N, D)` tensor, the stacked input's.
+            stacked_grad = torch.empty(features.shape, dtype=features.dtype, device=features.device)
+            grad_f1, grad_f2 = stacked_grad[0], stacked_grad[1]
+            grads = (stacked_grad, None)
+        else:
+            f1, f2, *padded = ctx.saved_tensors
+            grad_f1, grad_f2 = torch.empty_like(f1), torch.empty_like(f2)
+            grads = (grad_f1, grad_f2)
         has_pairs = padded[0] if padded else ctx.has_pairs
         B, N, D = f1.shape
         real = _fft_dtype(f1.dtype)
@@ -164,7 +182,8 @@ class _PooledCross(torch.autograd.Function):
                 grad_hat = torch.fft.ifft(kernels.complex_grad(grad, has_pairs, n), dim=1)  # (B, n, D) complex
                 shift = _shift_minus_one(n, p_hat.dtype, p_hat.device)
                 even, odd = (torch.fft.fft(x, dim=1) for x in kernels.backward_products(grad_hat, p_hat, q_hat, shift))
-                return (*kernels.finish_backward(even, odd, grad, f1, f2, has_pairs), None, None, None)
+                kernels.finish_backward(even, odd, grad, f1, f2, has_pairs, out=(grad_f1, grad_f2))
+                return (*grads, None, None, None)
             # The rows without a pair have no gradient. The mask writes the gradient as complex in the same op, so
             # that its inverse FFT is a complex one (that of a real tensor comes out conjugated, and each product
             # with it then copies it first).
@@ -181,9 +200,9 @@ class _PooledCross(torch.autograd.Function):
             odd = torch.view_as_real(torch.fft.fft(odd_hat.mul_(grad_hat), dim=1)[:, : n // 2])
             parts = torch.stack((even, odd), dim=2).view(B, n, D, 2)[:, :N]  # (B, N, D, 2)
             # Minus the self pair, written in the inputs' dtype by the same op: (df1, df2) -= g (f2, f1).
-            grad_f1 = torch.addcmul(parts[..., 1], grad, f2, value=-1.0, out=torch.empty_like(f1))
-            grad_f2 = torch.addcmul(parts[..., 0], grad, f1, value=-1.0, out=torch.empty_like(f2))
-        return grad_f1, grad_f2, None, None, None
+            torch.addcmul(parts[..., 1], grad, f2, value=-1.0, out=grad_f1)
+            torch.addcmul(parts[..., 0], grad, f1, value=-1.0, out=grad_f2)
+        return (*grads, None, None, None)
 
 
 def _fft_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -230,10 +249,33 @@ def pooled_cross_fused(
     if f1.shape != f2.shape or f1.dtype != f2.dtype:
         raise ValueError(f"f1 and f2 must share shape and dtype, got {tuple(f1.shape)} {f1.dtype}, "
                          f"{tuple(f2.shape)} {f2.dtype}")  # fmt: skip
-    length = f1.shape[1]
-    has_pairs = _rows_below_last(length, f1.device) if valid is None else rows_with_pairs(valid, length, f1.device)
-    out_dtype = _fft_dtype(f1.dtype) if out_dtype is None else out_dtype
-    kernels = fsat_pooling_kernels(backend, f1.device, f1.dtype)
+    return _pooled_cross(f1, f2, valid, out_dtype, backend)
+
+
+def pooled_cross_stacked(
+    features: Tensor, valid: Tensor | None, out_dtype: torch.dtype | None = None, backend: str = "fast"
+) -> Tensor:
+    """[`pooled_cross_fused`] of the feature maps stacked `(2, B, N, D)` (`f1`, `f2` = `features[0]`, `[1]`): the
+    same values, one saved tensor, and the gradient stacked as well, as [`~attnzoo.fsat.feature_maps.mlp_feature_maps`]
+    writes and reads them (no copy either way).
+
+    Args:
+        features (`torch.Tensor` of shape `(2, B, N, D)`): the two feature maps (zeros at padded positions).
+        valid, out_dtype, backend: as for [`pooled_cross_fused`].
+    """
+    if features.dim() != 4 or features.shape[0] != 2:
+        raise ValueError(f"the stacked feature maps must be (2, B, N, D), got {tuple(features.shape)}")
+    return _pooled_cross(features, None, valid, out_dtype, backend)
+
+
+def _pooled_cross(
+    f1: Tensor, f2: Tensor | None, valid: Tensor | None, out_dtype: torch.dtype | None, backend: str
+) -> Tensor:
+    """[`_PooledCross`] on the torch path or the Triton one (`f2` None: `f1` holds both maps stacked)."""
+    length, device, dtype = f1.shape[-2], f1.device, f1.dtype
+    has_pairs = _rows_below_last(length, device) if valid is None else rows_with_pairs(valid, length, device)
+    out_dtype = _fft_dtype(dtype) if out_dtype is None else out_dtype
+    kernels = fsat_pooling_kernels(backend, device, dtype)
     if kernels is None:
         return _PooledCross.apply(f1, f2, has_pairs, out_dtype, None)
     return _pooled_cross_triton(f1, f2, has_pairs, out_dtype, kernels)
@@ -242,5 +284,5 @@ def pooled_cross_fused(
 # A compiler boundary, as for FSAT's edge kernels (`FSATAttention.sparse_attend`): the Function launching Triton
 # kernels from its forward and backward runs eagerly under `torch.compile` (one graph break), the rest is compiled.
 @torch.compiler.disable
-def _pooled_cross_triton(f1: Tensor, f2: Tensor, has_pairs: Tensor, out_dtype: torch.dtype, kernels) -> Tensor:
+def _pooled_cross_triton(f1: Tensor, f2: Tensor | None, has_pairs: Tensor, out_dtype: torch.dtype, kernels) -> Tensor:
     return _PooledCross.apply(f1, f2, has_pairs, out_dtype, kernels)

@@ -83,3 +83,20 @@ def test_the_triton_path_replaces_the_glue_by_launches():
         "_finish_backward": 1,
     }  # fmt: skip
     assert total.largest_bytes == B * length * width * 8, total.largest_op
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_the_triton_path_of_the_stacked_maps_equals_the_pair(device, padded):
+    """`pooled_cross_stacked` on the Triton path: the pair's output, and its two gradients written into one stacked
+    `(2, B, N, D)` tensor (`finish_backward(..., out=)`)."""
+    from attnzoo.fsat.pooling import pooled_cross_stacked
+
+    f1, f2, valid = inputs(15, 300, torch.bfloat16, padded, device)
+    probe = torch.randn(B, 15, 300, generator=torch.Generator().manual_seed(1)).to(device)
+    out, grads = run(f1, f2, valid, "triton", torch.bfloat16, probe)
+    features = torch.stack((f1, f2)).requires_grad_()
+    stacked = pooled_cross_stacked(features, valid, out_dtype=torch.bfloat16, backend="triton")
+    (grad,) = torch.autograd.grad((stacked.float() * probe).sum(), features)
+    assert torch.equal(stacked, out)
+    assert grad.shape == features.shape and grad.is_contiguous() and torch.equal(grad, torch.stack(grads))

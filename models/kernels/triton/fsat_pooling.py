@@ -248,13 +248,24 @@ def backward_products(grad_hat: Tensor, p_hat: Tensor, q_hat: Tensor, shift: Ten
 
 
 def finish_backward(
-    even: Tensor, odd: Tensor, grad: Tensor, f1: Tensor, f2: Tensor, has_pairs: Tensor
+    even: Tensor,
+    odd: Tensor,
+    grad: Tensor,
+    f1: Tensor,
+    f2: Tensor,
+    has_pairs: Tensor,
+    out: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """`(df1, df2)` in the dtype of `f1`: token `t` reads row `t // 2` of the even tokens' transformed product
     `even` or of the odd ones' `odd` (`(B, n, D)` complex64), minus the self pair `g (f2, f1)` with `g` the incoming
-    gradient zeroed on the rows without a pair."""
+    gradient zeroed on the rows without a pair. `out`: two contiguous `(B, N, D)` tensors to write them into (the
+    halves of a stacked gradient), else new ones."""
     B, N, D = f1.shape
-    grad_f1, grad_f2 = (torch.empty(B, N, D, dtype=f.dtype, device=f.device) for f in (f1, f2))
+    if out is None:
+        out = tuple(torch.empty(B, N, D, dtype=f.dtype, device=f.device) for f in (f1, f2))
+    grad_f1, grad_f2 = out
+    if not (grad_f1.is_contiguous() and grad_f2.is_contiguous()):
+        raise ValueError("the gradients are written as contiguous (B, N, D) tensors")
     mask, mask_b = _pair_mask(has_pairs)
     if grad_f1.numel():
         _finish_backward[_grid(B * N, D)](
