@@ -316,14 +316,21 @@ def test_short_rows_and_fully_padded_samples_stay_finite():
 
 
 def test_main_loss_never_reaches_the_sketch_and_sketch_loss_reaches_only_the_sketch():
+    torch.manual_seed(0)
     model = SmartBirdForSequenceClassification(tiny_config(num_labels=3)).train()
-    out = model(input_ids=torch.randint(5, 200, (2, 30)), labels=torch.tensor([0, 2]))
+    ids = torch.randint(5, 200, (2, 30), generator=torch.Generator().manual_seed(1))
+    out = model(input_ids=ids, labels=torch.tensor([0, 2]))
     names, params = zip(*model.named_parameters(), strict=True)
     main = torch.autograd.grad(out.loss - out.aux_loss, params, allow_unused=True, retain_graph=True)
     aux = torch.autograd.grad(out.aux_loss, params, allow_unused=True)
     for name, g_main, g_aux in zip(names, main, aux, strict=True):
         in_sketch = ".sketch." in name
         assert in_sketch != (g_main is not None and bool(g_main.any())), name
+        if name.endswith("sketch.pool_score.bias"):
+            # The pooling softmax does not move when every score moves by the same bias: its gradient is zero up to
+            # rounding (exactly zero on some inputs), so it is checked to be negligible rather than nonzero.
+            assert g_aux is not None and g_aux.abs().max() < 1e-6, name
+            continue
         assert in_sketch == (g_aux is not None and bool(g_aux.any())), name
 
 
