@@ -272,3 +272,18 @@ def test_edge_kernel_without_edges_gives_zeros(device):
     assert torch.equal(out, torch.zeros(R, D, device=device))
     (grad,) = torch.autograd.grad(out.sum(), q)
     assert torch.equal(grad, torch.zeros(R, D, device=device))
+
+
+def test_dense_keeps_views_the_kernels_can_read_in_place_and_copies_the_others():
+    """`launch.dense`: a token-major head-split view is read in place, also when a size-1 axis has a stride
+    `empty_like` would not give it; a strided slice (not dense) and a non-contiguous last axis are copied."""
+    from attnzoo.kernels.triton.launch import dense
+
+    heads_view = torch.randn(1, 7, 1, 8).transpose(1, 2)  # (B, H, N, d) with B = H = 1
+    assert dense(heads_view) is heads_view
+    odd = torch.randn(7, 8).as_strided((1, 1, 7, 8), (999, 5, 8, 1))  # size-1 axes with arbitrary strides
+    assert dense(odd) is odd
+    sliced = torch.randn(2, 3, 7, 16)[..., :8]  # gaps between rows
+    assert dense(sliced) is not sliced and dense(sliced).is_contiguous()
+    transposed = torch.randn(8, 7).t()
+    assert dense(transposed).is_contiguous()

@@ -34,8 +34,13 @@ def row_strides(x: Tensor) -> tuple[int, ...]:
 
 def dense(t: Tensor) -> Tensor:
     """`t`, or a contiguous copy unless it is dense with a contiguous last axis: tensors made like it (`empty_like`:
-    outputs, gradient buffers) then share its strides, so that one set of offsets addresses them all."""
-    if t.stride(-1) == 1 and torch.empty_like(t, device="meta").stride() == t.stride():
+    outputs, gradient buffers) then share its strides, so that one set of offsets addresses them all. The stride of an
+    axis of size 1 is never used (its index is 0), so it may differ."""
+    like = torch.empty_like(t, device="meta")
+    used = [size > 1 for size in t.shape]
+    if (t.stride(-1) == 1 or not used[-1]) and all(
+        a == b for a, b, axis_used in zip(t.stride(), like.stride(), used, strict=True) if axis_used
+    ):
         return t
     return t.contiguous()
 

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .launch import block_d, dense
+from .launch import block_d, dense, row_strides
 from .launch import pointer_or as _or
 
 BLOCK_R = 32  # rows per tile
@@ -344,7 +344,7 @@ class MembershipSettings:
     valids: tuple[Tensor | None, ...]
 
 
-def _mlp_strides(weight: Tensor, bias: Tensor, shared: bool) -> tuple[int, int, int, int]:
+def _mlp_strides(weight: Tensor, shared: bool) -> tuple[int, int, int, int]:
     """`(head, in, out)` strides of an MLP weight and the head stride of its bias: `nn.Linear`'s `(out, in)` weight
     shared by the heads, or `HeadwiseMLP`'s `(H, in, out)`."""
     D = weight.shape[-1]
@@ -353,15 +353,11 @@ def _mlp_strides(weight: Tensor, bias: Tensor, shared: bool) -> tuple[int, int, 
     return D * D, D, 1, D
 
 
-def _row_strides(x: Tensor) -> tuple[int, int, int]:
-    return x.stride(0), x.stride(1), x.stride(2)
-
-
 class _Memberships(torch.autograd.Function):
     @staticmethod
     def forward(ctx, settings: MembershipSettings, weight1, bias1, weight2, bias2, clusters, *xs):
         H, K, D = clusters.shape
-        sw_h, sw_i, sw_o, sb_h = _mlp_strides(weight1, bias1, settings.shared)
+        sw_h, sw_i, sw_o, sb_h = _mlp_strides(weight1, settings.shared)
         outs = []
         for x, valid in zip(xs, settings.valids, strict=True):
             G, _, n, _ = x.shape
@@ -369,7 +365,7 @@ class _Memberships(torch.autograd.Function):
             if out.numel():
                 _memberships_fwd[(G * H, triton.cdiv(n, BLOCK_R))](
                     x, _or(valid, out), weight1, bias1, weight2, bias2, clusters, out,
-                    n, H, D, K, *_row_strides(x), 0 if valid is None else valid.stride(0), sw_h, sw_i, sw_o, sb_h,
+                    n, H, D, K, *row_strides(x), 0 if valid is None else valid.stride(0), sw_h, sw_i, sw_o, sb_h,
                     settings.logit_bias,
                     BLOCK_R=BLOCK_R, BLOCK_D=block_d(D), BLOCK_K=block_d(K), HAS_VALID=valid is not None,
                     num_warps=FWD_WARPS,
@@ -388,7 +384,7 @@ class _Memberships(torch.autograd.Function):
         settings = ctx.settings
         *grads, grad_blocks = grads
         H, K, D = clusters.shape
-        sw_h, sw_i, sw_o, sb_h = _mlp_strides(weight1, bias1, settings.shared)
+        sw_h, sw_i, sw_o, sb_h = _mlp_strides(weight1, settings.shared)
         # Each input with a gradient: its programs per head (enough tiles each that the partial sums stay small).
         launches = []
         for j, (x, grad) in enumerate(zip(xs, grads, strict=True)):
@@ -419,7 +415,7 @@ class _Memberships(torch.autograd.Function):
                 _memberships_bwd[(programs, H)](
                     x, _or(valid, x), weight1, bias1, weight2, bias2, clusters, grad, grad_xs[j],
                     part[:, row0:],
-                    n, H, D, K, G * tiles_n, tiles_n, part_row, part_cols, *_row_strides(x),
+                    n, H, D, K, G * tiles_n, tiles_n, part_row, part_cols, *row_strides(x),
                     0 if valid is None else valid.stride(0), sw_h, sw_i, sw_o, sb_h, settings.logit_bias,
                     BLOCK_R=BLOCK_R, BLOCK_D=block_d(D), BLOCK_K=block_d(K), HAS_VALID=valid is not None,
                     num_warps=BWD_WARPS,
