@@ -43,6 +43,10 @@ class AttentionOutput:
             Inside the attention module only: the queries, keys and values as the method laid them out for its
             kernel (head-split views of the copies the kernel keeps for backward). The global rows read these, so
             that the projections' own layout is not kept alive for backward next to the kernel's copies.
+        global_rows_done (`bool`, defaults to `False`):
+            Inside the attention module only: the method's kernel already replaced the global queries' rows of
+            `hidden_states` by their dense rows (`global_rows=` of the kernel layer's primitives), so
+            [`ZooAttention.with_global_rows`] leaves them.
     """
 
     hidden_states: torch.Tensor
@@ -51,6 +55,7 @@ class AttentionOutput:
     density: torch.Tensor | None = None
     global_rows: torch.Tensor | None = None
     inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    global_rows_done: bool = False
 
 
 class ZooAttention(nn.Module):
@@ -249,7 +254,7 @@ class ZooAttention(nn.Module):
             q, k, v = out.inputs  # the same values, in the layout the method's kernel keeps
             out.inputs = None
         g = self.global_positions(k.shape[2])
-        if g == 0:
+        if g == 0 or out.global_rows_done:
             return out
         if out.attn_weights is None and not (self.training and self.dropout > 0.0):
             mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)

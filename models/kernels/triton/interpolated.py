@@ -28,46 +28,11 @@ from torch import Tensor
 
 from ..interpolated import replace_global_rows
 from .gathered import _load_rows, _query_block
+from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, is_real, key_tables
+from .global_rows import replaced_rows as _replaced
+from .global_rows import scatter_rows as _scatter_rows
 from .launch import check_dtypes, query_tile_meta, row_strides
 from .launch import pointer_or as _or
-
-
-@triton.jit
-def _cummax(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _cummin(a, b):
-    return tl.minimum(a, b)
-
-
-@triton.jit
-def _real_neighbours(VALID, BEFORE, AFTER, REAL, num_keys, BLOCK: tl.constexpr):
-    """One program per sample: the nearest real key at or before / at or after every position (-1 / `Nk` where
-    there is none) and the number of real keys (at least 1: the density's denominator)."""
-    b = tl.program_id(0).to(tl.int64)
-    base = b * num_keys
-    lanes = tl.arange(0, BLOCK)
-    last_seen = tl.full([], -1, tl.int32)
-    count = tl.zeros([], tl.int32)
-    for start in range(0, num_keys, BLOCK):
-        index = start + lanes
-        ok = index < num_keys
-        real = tl.load(VALID + base + index, mask=ok, other=0) != 0
-        run = tl.maximum(tl.associative_scan(tl.where(real, index, -1), 0, _cummax), last_seen)
-        tl.store(BEFORE + base + index, run, mask=ok)
-        last_seen = tl.max(run, 0)
-        count += tl.sum(real.to(tl.int32), 0)
-    next_seen = tl.full([], 0, tl.int32) + num_keys
-    for start in range(0, num_keys, BLOCK):
-        index = num_keys - 1 - start - lanes  # walking down from the end
-        ok = index >= 0
-        real = tl.load(VALID + base + index, mask=ok, other=0) != 0
-        run = tl.minimum(tl.associative_scan(tl.where(real, index, num_keys), 0, _cummin), next_seen)
-        tl.store(AFTER + base + index, run, mask=ok)
-        next_seen = tl.min(run, 0)
-    tl.store(REAL + b, tl.maximum(count, 1))
 
 
 @triton.jit
@@ -121,15 +86,6 @@ def _neighbours(
 
 
 @triton.jit
-def _is_real(BEFORE, b, num_keys, keys, HAS_TABLES: tl.constexpr):
-    """Whether each of the keys (an int32 vector: a scalar would meet an interpreter bug in `&`) is real (its
-    nearest real key at or before it is itself)."""
-    if HAS_TABLES:
-        return tl.load(BEFORE + b * num_keys + keys) == keys
-    return keys >= 0
-
-
-@triton.jit
 def _softmax_step(row_max, row_sum, acc, logit, v_mix, factor, HAS_KEEP: tl.constexpr):
     """Fold one slot (logits `(BLOCK_M,)`, mixed values `(BLOCK_M, BLOCK_D)`) into the online softmax."""
     m_new = tl.maximum(row_max, logit)
@@ -161,7 +117,7 @@ def _distinct_keys(
     count = tl.sum((first & ~repeat_left).to(tl.int32), 1) + tl.sum((second & ~repeat_right).to(tl.int32), 1)
     for j in tl.static_range(GLOBALS):
         seen = tl.max(((first & (i0 == j)) | (second & (i1 == j))).to(tl.int32), 1) > 0
-        count += (_is_real(BEFORE, b, num_keys, count * 0 + j, HAS_TABLES) & ~seen).to(tl.int32)
+        count += (is_real(BEFORE, b, num_keys, count * 0 + j, HAS_TABLES) & ~seen).to(tl.int32)
     return count
 
 
@@ -212,7 +168,7 @@ def _points_fwd(
         row_max, row_sum, acc = _softmax_step(row_max, row_sum, acc, logit, v_mix, factor, HAS_KEEP)
     for j in tl.static_range(GLOBALS):
         key_row = tl.zeros([BLOCK_M], tl.int32) + j
-        ok = live & _is_real(BEFORE, b, num_keys, key_row, HAS_TABLES)
+        ok = live & is_real(BEFORE, b, num_keys, key_row, HAS_TABLES)
         mask = ok[:, None] & dim_ok[None, :]
         v_mix = _load_rows(V, sv_b, sv_h, sv_n, b, h, key_row, dim, mask)
         if DOT:
@@ -240,7 +196,7 @@ def _points_fwd(
         )
         count = _distinct_keys(i0, i1, w1, used, GLOBALS, BEFORE, b, num_keys, HAS_TABLES, P2)
         # Queries that count: real ones (the last Nq keys are the queries) that have a key.
-        counted = live & _is_real(BEFORE, b, num_keys, num_keys - num_queries + rows, HAS_TABLES)
+        counted = live & is_real(BEFORE, b, num_keys, num_keys - num_queries + rows, HAS_TABLES)
         # Real keys of the sample (at least 1).
         real = tl.load(REAL + b).to(tl.float32) if HAS_TABLES else num_keys.to(tl.float32)
         # (B * H * blocks, 2) fp32: the fraction of the sample's keys each counted query reads, summed over the
@@ -248,69 +204,6 @@ def _points_fwd(
         stats = STATS + pid * 2
         tl.store(stats, tl.sum(tl.where(counted, count.to(tl.float32) / real, 0.0), 0))
         tl.store(stats + 1, tl.sum(counted.to(tl.float32), 0))
-
-
-@triton.jit
-def _replaced(BEFORE, b, num_keys, rows, GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr):
-    """Which rows are real global queries whose output the global-row programs compute (none without them)."""
-    if GLOBAL_ROWS:
-        return (rows < GLOBALS) & _is_real(BEFORE, b, num_keys, tl.minimum(rows, GLOBALS - 1), HAS_TABLES)
-    return rows < 0
-
-
-@triton.jit
-def _key_tile(
-    K, V, BEFORE, q, b, h, keys, dim, dim_ok, num_keys, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-    HAS_TABLES: tl.constexpr,
-):  # fmt: skip
-    """One tile of keys for the global queries' dense rows (forward and backward): `keys, key_ok, tile_mask`, the
-    key and value rows `(BLOCK_N, BLOCK_D)` (zero where not a real key) and the scaled scores `(BLOCK_G, BLOCK_N)`."""
-    key_ok = (keys < num_keys) & _is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
-    tile_mask = key_ok[:, None] & dim_ok[None, :]
-    k_tile = _load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
-    v_tile = _load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
-    scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale  # (BLOCK_G, BLOCK_N)
-    return keys, key_ok, tile_mask, k_tile, v_tile, scores
-
-
-@triton.jit
-def _global_rows_fwd(
-    bh, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
-    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
-    HAS_TABLES: tl.constexpr,
-):  # fmt: skip
-    """The global queries of one (batch, head): dense softmax attention over every real key (online softmax over
-    key tiles), replacing the method's rows for the real ones."""
-    b, h = bh // num_heads, bh % num_heads
-    rows = tl.arange(0, BLOCK_G)
-    real = _replaced(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
-    dim = tl.arange(0, BLOCK_D)
-    dim_ok = dim < D
-    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, real[:, None] & dim_ok[None, :])  # (BLOCK_G, BLOCK_D)
-    row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    row_sum = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    lanes = tl.arange(0, BLOCK_N)
-    for start in range(0, num_keys, BLOCK_N):
-        keys, key_ok, tile_mask, k_tile, v_tile, scores = _key_tile(
-            K, V, BEFORE, q, b, h, start + lanes, dim, dim_ok, num_keys, scale,
-            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_TABLES,
-        )  # fmt: skip
-        scores = tl.where(key_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(row_max, tl.max(scores, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(row_max - shift)
-        p = tl.exp(scores - shift[:, None])
-        row_sum = row_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v_tile, input_precision="ieee")
-        row_max = m_new
-    has_mass = row_sum > 0.0
-    out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
-    o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
-    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=real[:, None] & dim_ok[None, :])
-    lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
-    tl.store(LSE + bh * num_queries + rows, lse, mask=real)
 
 
 @triton.jit
@@ -328,7 +221,7 @@ def _interpolated_fwd(
     # and overlap the thousands of short point programs.
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:
-        _global_rows_fwd(
+        global_rows_fwd(
             pid, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
             D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
@@ -342,13 +235,6 @@ def _interpolated_fwd(
             D, BLOCK_D, BLOCK_M, POINTS, P2, GLOBALS, CAUSAL, REFLECT, HAS_TABLES, DOT, HAS_KEEP, DENSITY,
             GLOBAL_ROWS,
         )  # fmt: skip
-
-
-@triton.jit
-def _scatter_rows(DX, stride, keys, grad, mask, dim):
-    """`DX[keys] += grad` into the rows (`stride` apart) of one (batch, head) of an fp32 buffer, by relaxed atomics:
-    the additions are independent, so no ordering between them is needed."""
-    tl.atomic_add(DX + keys[:, None].to(tl.int64) * stride + dim[None, :], grad, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -424,7 +310,7 @@ def _points_bwd(
         if NEED_LOGITS:
             tl.store(DLOGIT + b * sdp_b + h * sdp_h + rows64 * sdp_n + s * sdp_k, grad_s, mask=row_ok)
     for j in tl.static_range(GLOBALS):
-        ok = live & _is_real(BEFORE, b, num_keys, rows * 0 + j, HAS_TABLES)
+        ok = live & is_real(BEFORE, b, num_keys, rows * 0 + j, HAS_TABLES)
         # Every query of the block reads the same key row: load it once, scatter the block's sum once.
         k_row = tl.load(K + b * sk_b + h * sk_h + j * sk_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
         v_row = tl.load(V + b * sv_b + h * sv_h + j * sv_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
@@ -447,44 +333,6 @@ def _points_bwd(
 
 
 @triton.jit
-def _global_rows_bwd(
-    bh, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
-    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
-    sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
-    HAS_TABLES: tl.constexpr,
-):  # fmt: skip
-    """Backward of the global queries' dense rows of one (batch, head): dQ of those rows, dK / dV of every key."""
-    b, h = bh // num_heads, bh % num_heads
-    rows = tl.arange(0, BLOCK_G)
-    real = _replaced(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
-    dim = tl.arange(0, BLOCK_D)
-    dim_ok = dim < D
-    row_mask = real[:, None] & dim_ok[None, :]
-    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_G, BLOCK_D)
-    do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)
-    delta = tl.sum(do * _load_rows(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
-    lse = tl.load(LSE + bh * num_queries + rows, mask=real, other=0.0)
-    dk = DK + b * sdk_b + h * sdk_h
-    dv = DV + b * sdk_b + h * sdk_h
-    dq = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    lanes = tl.arange(0, BLOCK_N)
-    for start in range(0, num_keys, BLOCK_N):
-        keys, key_ok, tile_mask, k_tile, v_tile, scores = _key_tile(
-            K, V, BEFORE, q, b, h, start + lanes, dim, dim_ok, num_keys, scale,
-            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_TABLES,
-        )  # fmt: skip
-        p = tl.where(real[:, None] & key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
-        grad_p = tl.dot(do, tl.trans(v_tile), input_precision="ieee")
-        grad_s = p * (grad_p - delta[:, None]) * scale
-        dq += tl.dot(grad_s, k_tile, input_precision="ieee")
-        _scatter_rows(dk, sdk_n, keys, tl.dot(tl.trans(grad_s), q, input_precision="ieee"), tile_mask, dim)
-        _scatter_rows(dv, sdk_n, keys, tl.dot(tl.trans(p), do, input_precision="ieee"), tile_mask, dim)
-    dq_ptr = DQ + b * sdq_b + h * sdq_h + rows[:, None].to(tl.int64) * sdq_n + dim[None, :]
-    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
-
-
-@triton.jit
 def _interpolated_bwd(
     Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF, DLOGIT,
     num_heads, num_queries, num_keys, query_offset, scale, keep_scale, global_programs,
@@ -498,10 +346,11 @@ def _interpolated_bwd(
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:  # first, as in the forward
-        _global_rows_bwd(
+        global_rows_bwd(
             pid, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
-            sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+            sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS,
+            HAS_TABLES,
         )  # fmt: skip
     else:
         _points_bwd(
@@ -540,9 +389,9 @@ def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_l
         "DOT": point_logits is None,
         "HAS_KEEP": keep is not None,
         "GLOBAL_ROWS": selection.global_rows,
-        # The global rows' programs: up to 16 queries (tl.dot's smallest tile) against key tiles of 64.
-        "BLOCK_G": 16,
-        "BLOCK_N": 64,
+        # The global rows' programs: up to 16 queries (tl.dot's smallest tile) against key tiles.
+        "BLOCK_G": MAX_FUSED_GLOBALS,
+        "BLOCK_N": BLOCK_N,
     }
 
 
@@ -626,20 +475,6 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
         return dq, dkv[0] if reads_q else None, dkv[-1], doff, dlogits, None, None, None, None, None
 
 
-def key_tables(key_valid: Tensor, block: int = 1024) -> tuple[Tensor, Tensor, Tensor]:
-    """The nearest real key at or before / at or after every position `(B, Nk)` int32 (-1 / `Nk` where there is
-    none) and the number of real keys per sample `(B,)` int32 (at least 1), in one launch that scans the keys in
-    chunks of `block` (a power of two)."""
-    B, Nk = key_valid.shape
-    before = torch.empty(B, Nk, dtype=torch.int32, device=key_valid.device)
-    after = torch.empty(B, Nk, dtype=torch.int32, device=key_valid.device)
-    real = torch.empty(B, dtype=torch.int32, device=key_valid.device)
-    if B > 0 and Nk > 0:
-        valid = key_valid if key_valid.is_contiguous() else key_valid.contiguous()
-        _real_neighbours[(B,)](valid.view(torch.uint8), before, after, real, Nk, BLOCK=block)
-    return before, after, real
-
-
 def interpolated_attention_triton(
     q: Tensor,
     k: Tensor,
@@ -682,7 +517,7 @@ def interpolated_attention_triton(
         before, after, real = key_tables(key_valid)
     if keep is not None:
         keep = keep.contiguous().view(torch.uint8)
-    fused_rows = global_rows and 0 < num_global <= 16 and not (training and dropout_p > 0.0)
+    fused_rows = global_rows and 0 < num_global <= MAX_FUSED_GLOBALS and not (training and dropout_p > 0.0)
     selection = _Selection(
         num_global=num_global,
         causal=causal,

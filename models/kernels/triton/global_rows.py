@@ -1,0 +1,194 @@
+"""Triton pieces shared by the kernels that compute the global queries' dense rows themselves.
+
+A family with global tokens replaces the output rows of its first `g` (real) queries by dense softmax attention over
+every real key ([`attnzoo.core.global_tokens`]). A kernel that takes this over runs `B * H` extra programs first (one
+per (batch, head): their loops over every key start early and overlap the method's many short programs), each
+computing the `g <= 16` rows with an online softmax over key tiles; in backward the same programs write those rows'
+dQ and add their dK / dV into the fp32 buffers the method's atomics fill. The method's own programs skip the
+replaced rows' outputs and take no gradient from them. Real keys come from the `(B, Nk)` int32 table of the nearest
+real key at or before every position ([`key_tables`]): key `j` is real when its entry is `j`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .gathered import _load_rows
+
+# Global queries per (batch, head) program: tl.dot's smallest tile; more fall back to the torch rows.
+MAX_FUSED_GLOBALS = 16
+BLOCK_N = 64  # keys per tile of the global rows' loops
+
+
+@triton.jit
+def _cummax(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _cummin(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _real_neighbours(VALID, BEFORE, AFTER, REAL, num_keys, BLOCK: tl.constexpr):
+    """One program per sample: the nearest real key at or before / at or after every position (-1 / `Nk` where
+    there is none) and the number of real keys (at least 1: the density's denominator)."""
+    b = tl.program_id(0).to(tl.int64)
+    base = b * num_keys
+    lanes = tl.arange(0, BLOCK)
+    last_seen = tl.full([], -1, tl.int32)
+    count = tl.zeros([], tl.int32)
+    for start in range(0, num_keys, BLOCK):
+        index = start + lanes
+        ok = index < num_keys
+        real = tl.load(VALID + base + index, mask=ok, other=0) != 0
+        run = tl.maximum(tl.associative_scan(tl.where(real, index, -1), 0, _cummax), last_seen)
+        tl.store(BEFORE + base + index, run, mask=ok)
+        last_seen = tl.max(run, 0)
+        count += tl.sum(real.to(tl.int32), 0)
+    next_seen = tl.full([], 0, tl.int32) + num_keys
+    for start in range(0, num_keys, BLOCK):
+        index = num_keys - 1 - start - lanes  # walking down from the end
+        ok = index >= 0
+        real = tl.load(VALID + base + index, mask=ok, other=0) != 0
+        run = tl.minimum(tl.associative_scan(tl.where(real, index, num_keys), 0, _cummin), next_seen)
+        tl.store(AFTER + base + index, run, mask=ok)
+        next_seen = tl.min(run, 0)
+    tl.store(REAL + b, tl.maximum(count, 1))
+
+
+@triton.jit
+def is_real(BEFORE, b, num_keys, keys, HAS_TABLES: tl.constexpr):
+    """Whether each of the keys (an int32 vector: a scalar would meet an interpreter bug in `&`) is real (its
+    nearest real key at or before it is itself)."""
+    if HAS_TABLES:
+        return tl.load(BEFORE + b * num_keys + keys) == keys
+    return keys >= 0
+
+
+@triton.jit
+def replaced_rows(
+    BEFORE, b, num_keys, rows, GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr
+):
+    """Which rows are real global queries whose output the global-row programs compute (none without them)."""
+    if GLOBAL_ROWS:
+        return (rows < GLOBALS) & is_real(BEFORE, b, num_keys, tl.minimum(rows, GLOBALS - 1), HAS_TABLES)
+    return rows < 0
+
+
+@triton.jit
+def _key_tile(
+    K, V, BEFORE, q, b, h, keys, dim, dim_ok, num_keys, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+    HAS_TABLES: tl.constexpr,
+):  # fmt: skip
+    """One tile of keys for the global queries' dense rows (forward and backward): `keys, key_ok, tile_mask`, the
+    key and value rows `(BLOCK_N, BLOCK_D)` (zero where not a real key) and the scaled scores `(BLOCK_G, BLOCK_N)`."""
+    key_ok = (keys < num_keys) & is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
+    tile_mask = key_ok[:, None] & dim_ok[None, :]
+    k_tile = _load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
+    v_tile = _load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
+    scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale  # (BLOCK_G, BLOCK_N)
+    return keys, key_ok, tile_mask, k_tile, v_tile, scores
+
+
+@triton.jit
+def global_rows_fwd(
+    bh, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+):  # fmt: skip
+    """The global queries of one (batch, head): dense softmax attention over every real key (online softmax over
+    key tiles), replacing the method's rows for the real ones."""
+    b, h = bh // num_heads, bh % num_heads
+    rows = tl.arange(0, BLOCK_G)
+    real = replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, real[:, None] & dim_ok[None, :])  # (BLOCK_G, BLOCK_D)
+    row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    for start in range(0, num_keys, BLOCK_N):
+        keys, key_ok, tile_mask, k_tile, v_tile, scores = _key_tile(
+            K, V, BEFORE, q, b, h, start + lanes, dim, dim_ok, num_keys, scale,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_TABLES,
+        )  # fmt: skip
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(row_max, tl.max(scores, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(row_max - shift)
+        p = tl.exp(scores - shift[:, None])
+        row_sum = row_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v_tile, input_precision="ieee")
+        row_max = m_new
+    has_mass = row_sum > 0.0
+    out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
+    o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=real[:, None] & dim_ok[None, :])
+    lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
+    tl.store(LSE + bh * num_queries + rows, lse, mask=real)
+
+
+@triton.jit
+def scatter_rows(DX, stride, keys, grad, mask, dim):
+    """`DX[keys] += grad` into the rows (`stride` apart) of one (batch, head) of an fp32 buffer, by relaxed atomics:
+    the additions are independent, so no ordering between them is needed."""
+    tl.atomic_add(DX + keys[:, None].to(tl.int64) * stride + dim[None, :], grad, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def global_rows_bwd(
+    bh, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+    sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
+    HAS_TABLES: tl.constexpr,
+):  # fmt: skip
+    """Backward of the global queries' dense rows of one (batch, head): dQ of those rows, dK / dV of every key."""
+    b, h = bh // num_heads, bh % num_heads
+    rows = tl.arange(0, BLOCK_G)
+    real = replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    row_mask = real[:, None] & dim_ok[None, :]
+    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_G, BLOCK_D)
+    do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)
+    delta = tl.sum(do * _load_rows(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
+    lse = tl.load(LSE + bh * num_queries + rows, mask=real, other=0.0)
+    dk = DK + b * sdk_b + h * sdk_h
+    dv = DV + b * sdv_b + h * sdv_h
+    dq = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    for start in range(0, num_keys, BLOCK_N):
+        keys, key_ok, tile_mask, k_tile, v_tile, scores = _key_tile(
+            K, V, BEFORE, q, b, h, start + lanes, dim, dim_ok, num_keys, scale,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_TABLES,
+        )  # fmt: skip
+        p = tl.where(real[:, None] & key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
+        grad_p = tl.dot(do, tl.trans(v_tile), input_precision="ieee")
+        grad_s = p * (grad_p - delta[:, None]) * scale
+        dq += tl.dot(grad_s, k_tile, input_precision="ieee")
+        scatter_rows(dk, sdk_n, keys, tl.dot(tl.trans(grad_s), q, input_precision="ieee"), tile_mask, dim)
+        scatter_rows(dv, sdv_n, keys, tl.dot(tl.trans(p), do, input_precision="ieee"), tile_mask, dim)
+    dq_ptr = DQ + b * sdq_b + h * sdq_h + rows[:, None].to(tl.int64) * sdq_n + dim[None, :]
+    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
+
+
+def key_tables(key_valid: Tensor, block: int = 1024) -> tuple[Tensor, Tensor, Tensor]:
+    """The nearest real key at or before / at or after every position `(B, Nk)` int32 (-1 / `Nk` where there is
+    none) and the number of real keys per sample `(B,)` int32 (at least 1), in one launch that scans the keys in
+    chunks of `block` (a power of two)."""
+    B, Nk = key_valid.shape
+    before = torch.empty(B, Nk, dtype=torch.int32, device=key_valid.device)
+    after = torch.empty(B, Nk, dtype=torch.int32, device=key_valid.device)
+    real = torch.empty(B, dtype=torch.int32, device=key_valid.device)
+    if B > 0 and Nk > 0:
+        valid = key_valid if key_valid.is_contiguous() else key_valid.contiguous()
+        _real_neighbours[(B,)](valid.view(torch.uint8), before, after, real, Nk, BLOCK=block)
+    return before, after, real
