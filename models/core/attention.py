@@ -238,6 +238,16 @@ class ZooAttention(nn.Module):
         """Number of global positions of this layer in a sequence of `num_keys` tokens."""
         return global_count(self.num_global_tokens, num_keys)
 
+    def kernel_global_rows(self, num_queries: int, num_keys: int, query_offset: int) -> int:
+        """How many global rows a method's kernel may compute itself (`global_rows=` of the kernel layer's
+        primitives; then it sets `AttentionOutput.global_rows_done`): the rows [`with_global_rows`] would take from
+        dense attention without dropout, in encoder self-attention; 0 where it must do them."""
+        if self.is_causal or self.is_cross_attention or query_offset or num_queries != num_keys:
+            return 0
+        if self.training and self.dropout > 0.0:  # the rows take attention dropout, from materialised weights
+            return 0
+        return self.global_positions(num_keys)
+
     def with_global_rows(
         self, out: AttentionOutput, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None
     ) -> AttentionOutput:

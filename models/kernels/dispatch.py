@@ -41,9 +41,9 @@ from torch import Tensor
 
 from .dense import dense_masked_attention
 from .dropout import sample_keep_mask
-from .edgelist import check_edges, edge_attention_reference_with_mask, edge_attention_with_mask
+from .edgelist import check_edges, check_global_rows, edge_attention_reference_with_mask, edge_attention_with_mask
 from .gathered import check_gathered, gathered_attention_reference_with_mask, gathered_attention_with_mask
-from .interpolated import check_interpolated, interpolated_attention_torch
+from .interpolated import check_interpolated, interpolated_attention_torch, replace_global_rows
 from .key_slots import check_key_slots, key_slot_attention_torch
 
 #: Values of `ZooConfig.attention_backend`.
@@ -369,6 +369,8 @@ def edge_attention(
     padded: bool = False,
     crow: Tensor | None = None,
     generator: torch.Generator | None = None,
+    global_rows: int = 0,
+    key_valid: Tensor | None = None,
     backend: str = "fast",
 ) -> Tensor:
     """Attention restricted to an edge list, softmax over the edges of each query row.
@@ -402,12 +404,20 @@ def edge_attention(
             the edges of the rows below `r`), when the caller has them: the Triton kernel reads them instead of
             searching `rows` for them. Requires `sorted_rows`.
         generator (`torch.Generator`, *optional*): RNG for the dropout mask.
+        global_rows (`int`, *optional*, defaults to 0): replace the rows of the first `global_rows` queries of every
+            (batch, head) that are real tokens by dense softmax attention over every real key, without dropout
+            (`ZooAttention.with_global_rows`, as part of the primitive: the Triton kernels compute up to 16 of them
+            in their own programs, with no op around them). Head-split encoder self-attention only (query `i` is key
+            `i`). The rows' gradient reaches only them: a replaced row's edges get none.
+        key_valid (`torch.BoolTensor` of shape `(B, m)`, *optional*): the real keys, for `global_rows` (`None`:
+            every key is real).
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
         `torch.Tensor` of q's shape, in the dtype of the inputs.
     """
     check_edges(q, k, v, rows, cols, logit_bias, edge_weight, keep, padded=padded)
+    check_global_rows(q, k, global_rows, key_valid)
     num_rows = q.shape[:-1].numel()
     if crow is not None and (not sorted_rows or crow.shape != (num_rows + 1,)):
         raise ValueError(f"crow must come with sorted_rows=True and have shape ({num_rows + 1},), got "
@@ -415,12 +425,16 @@ def edge_attention(
     if keep is None and training and dropout_p > 0.0:
         keep = sample_keep_mask((rows.shape[0],), dropout_p, q.device, generator)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
-    shape = q.shape
-    if implementation != "triton":
-        # The torch implementations take flat rows and index with int64 (no-ops for flat rows and int64 indices).
-        q, k, v = (t.reshape(-1, t.shape[-1]) for t in (q, k, v))
-        rows, cols = rows.long(), cols.long()
-    if padded and implementation != "triton":
+    if implementation == "triton":
+        return _triton_kernels().edge_attention_triton(
+            q, k, v, rows, cols, logit_bias=logit_bias, edge_weight=edge_weight, scale=scale, keep=keep,
+            dropout_p=dropout_p, sorted_rows=sorted_rows, crow=crow, global_rows=global_rows, key_valid=key_valid,
+        )  # fmt: skip
+    heads = q, k, v
+    # The torch implementations take flat rows and index with int64 (no-ops for flat rows and int64 indices).
+    flat_q, flat_k, flat_v = (t.reshape(-1, t.shape[-1]) for t in heads)
+    rows, cols = rows.long(), cols.long()
+    if padded:
         # Boolean compaction (a host sync on an accelerator, which only the Triton path needs to avoid).
         real = rows < num_rows
         rows, cols = rows[real], cols[real]
@@ -428,10 +442,13 @@ def edge_attention(
     kwargs = {"logit_bias": logit_bias, "edge_weight": edge_weight, "scale": scale, "keep": keep}
     kwargs["dropout_p"] = dropout_p
     if implementation == "reference":
-        return edge_attention_reference_with_mask(q, k, v, rows, cols, **kwargs).view(shape)
-    if implementation == "torch":
-        return edge_attention_with_mask(q, k, v, rows, cols, sorted_rows=sorted_rows, **kwargs).view(shape)
-    return _triton_kernels().edge_attention_triton(q, k, v, rows, cols, sorted_rows=sorted_rows, crow=crow, **kwargs)
+        out = edge_attention_reference_with_mask(flat_q, flat_k, flat_v, rows, cols, **kwargs)
+    else:
+        out = edge_attention_with_mask(flat_q, flat_k, flat_v, rows, cols, sorted_rows=sorted_rows, **kwargs)
+    out = out.view(q.shape)
+    if global_rows:
+        out = replace_global_rows(out, *heads, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
+    return out
 
 
 def edge_attention_reference(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, cols: Tensor, **kwargs) -> Tensor:

@@ -377,6 +377,9 @@ class SBMAttention(ZooAttention):
             hidden_states=torch.cat([part.hidden_states for part in parts]),
             attn_weights=torch.cat([part.attn_weights for part in parts]) if output_attentions else None,
             density=torch.cat([part.density for part in parts]),
+            # Examples may take different backends: unless every kernel did, `with_global_rows` does all of them
+            # (recomputing equal rows where a kernel did).
+            global_rows_done=all(part.global_rows_done for part in parts),
         )
 
     def _attend_sbm(self, q, k, v, key_valid, offset: int, output_attentions: bool) -> AttentionOutput:
@@ -415,13 +418,15 @@ class SBMAttention(ZooAttention):
         pairs = self.count_pairs(key_valid, query_valid, B, n, m, offset, device)  # (B,)
         delta = float(cfg.exploration_delta) if (self.training or cfg.exploration_at_eval) else 0.0
         graph = (q_memb, k_memb, blocks, delta, key_valid, query_valid, offset)
-        inputs = None
+        inputs, global_rows_done = None, False
         if self.choose_backend(q_memb, k_memb, blocks, delta, pairs, sampling) == "bernoulli":
             out, weights, counts, attended_counts = self._attend_dense_graph(
                 q.float(), k.float(), v.float(), *graph, sampling, output_attentions
             )
         else:
-            out, weights, counts, attended_counts, inputs = self._attend_fastrg(q, k, v, *graph, output_attentions)
+            out, weights, counts, attended_counts, inputs, global_rows_done = self._attend_fastrg(
+                q, k, v, *graph, output_attentions
+            )
 
         # The contract returns auxiliary losses in training only (a scalar in the encoder outputs would also be
         # expanded along dim 0 by beam search).
@@ -436,7 +441,12 @@ class SBMAttention(ZooAttention):
         sequence_pairs = pairs.clamp(min=1.0)[:, None] if isinstance(pairs, torch.Tensor) else max(pairs, 1.0)
         density = (attended_counts / sequence_pairs).detach()  # (B, H), per example
         return AttentionOutput(
-            hidden_states=out, attn_weights=weights, aux_loss=aux_loss, density=density, inputs=inputs
+            hidden_states=out,
+            attn_weights=weights,
+            aux_loss=aux_loss,
+            density=density,
+            inputs=inputs,
+            global_rows_done=global_rows_done,
         )
 
     def _attend_dense_graph(
@@ -503,7 +513,8 @@ class SBMAttention(ZooAttention):
         self, q, k, v, q_memb, k_memb, blocks, delta, key_valid, query_valid, offset, output_attentions
     ):
         """The fastRG backend over a fixed-size edge list, in q, k, v's dtype: as [`_attend_dense_graph`], then the
-        head-split views of the flat q, k, v the edge attention keeps (`AttentionOutput.inputs`). The memberships are
+        head-split views of the flat q, k, v the edge attention keeps (`AttentionOutput.inputs`) and whether the
+        kernels computed the global rows (`AttentionOutput.global_rows_done`). The memberships are
         recomputed in backward from the queries and keys the edge attention keeps anyway."""
         cfg = self.config
         B, H, n, _ = q.shape
@@ -585,14 +596,17 @@ class SBMAttention(ZooAttention):
                 q.float(), k.float(), v.float(), mask.view(B, H, n, m), dropout_p=dropout_p, scale=self.scaling,
                 training=self.training, return_weights=True, logit_bias=dense_bias.view(B, H, n, m),
             )  # fmt: skip
-            return out, weights, counts, attended_counts, None
+            return out, weights, counts, attended_counts, None, False
         # Dropout from the graph's own hash: a fixed number of generator draws per call whatever the edge count.
         keep = dropout_keep(graph, dropout_p) if dropout_p > 0.0 else None
+        # The Triton kernels compute the global queries' dense rows in their own programs (no op around them).
+        global_rows = self.kernel_global_rows(n, m, offset) if triton else 0
         out = edge_attention(
             *edge_inputs, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p, keep=keep,
-            sorted_rows=True, padded=True, crow=crow, backend=cfg.attention_backend,
+            sorted_rows=True, padded=True, crow=crow, global_rows=global_rows, key_valid=key_valid,
+            backend=cfg.attention_backend,
         )  # fmt: skip
         if triton:  # read in place: the global rows read the same q, k, v
-            return out, None, counts, attended_counts, None
+            return out, None, counts, attended_counts, None, global_rows > 0
         inputs = tuple(unflatten_heads(t, B, H, t.shape[0] // (B * H)) for t in edge_inputs)  # the flat copies
-        return unflatten_heads(out, B, H, n), None, counts, attended_counts, inputs
+        return unflatten_heads(out, B, H, n), None, counts, attended_counts, inputs, False

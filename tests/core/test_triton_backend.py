@@ -96,3 +96,24 @@ def test_triton_backend_under_bf16_autocast_stays_close_to_the_fp32_reference(fa
     for name, grad in grads.items():
         assert torch.isfinite(grad).all(), name
         assert (grad - expected_grads[name]).norm() <= 0.1 * expected_grads[name].norm() + 1e-3 * largest, name
+
+
+def test_sbm_global_rows_in_the_edge_kernels_equal_the_reference(monkeypatch):
+    """Without attention dropout SBM's edge kernels compute the global query's rows themselves (`global_rows`, no
+    SDPA or splice around them): the same outputs and gradients as the reference's `with_global_rows`."""
+    import attnzoo.sbm.attention_sbm as attention_sbm
+
+    requested = []
+    edge_attention = attention_sbm.edge_attention
+
+    def spy(*args, **kwargs):
+        requested.append(kwargs["global_rows"])
+        return edge_attention(*args, **kwargs)
+
+    monkeypatch.setattr(attention_sbm, "edge_attention", spy)
+    overrides = {"sampling_backend": "fastrg", "sparsity_weight": 0.1, "attention_probs_dropout_prob": 0.0}
+    out, grads = _run("sbm", overrides, "triton", train=True)
+    assert requested and all(rows == 1 for rows in requested)  # the tiny config's one global token
+    expected, expected_grads = _run("sbm", overrides, "reference", train=True)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    assert_same_gradients(grads, expected_grads, rtol=2e-4, atol=2e-5)

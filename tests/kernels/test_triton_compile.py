@@ -39,7 +39,7 @@ ones = ("num_heads", "num_queries")
 compile_kernel(gathered._gathered_fwd, meta, DTYPES, ones)
 compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), DTYPES, ones)
 for head_dim, flag in ((64, True), (64, False), (128, True)):
-    meta = edgelist._meta(head_dim, *(given if flag else absent for _ in range(3)))
+    meta = edgelist._meta(head_dim, *(given if flag else absent for _ in range(3)), absent, 0)
     # H: the heads of head-split inputs (an int argument)
     compile_kernel(edgelist._edge_fwd, meta, DTYPES, ints=("H",))
     # dq is written once per row, in q's dtype

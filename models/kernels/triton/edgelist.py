@@ -21,6 +21,8 @@ from torch import Tensor
 
 from ..csr import row_pointers
 from ..edgelist import sort_edges
+from ..interpolated import replace_global_rows
+from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, key_tables, replaced_rows
 from .launch import block_d, check_dtypes, dense
 from .launch import pointer_or as _or
 
@@ -44,14 +46,22 @@ def _row_offset(row, per_head, H, s_b, s_h, s_n):
 
 
 @triton.jit
-def _query_row(Q, CROW, n, H, sq_b, sq_h, sq_n, D: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's query row: `row, offset` (of the row in q, the output and dq, which share strides), `start, end`
+def _query_row(row, Q, CROW, n, H, sq_b, sq_h, sq_n, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Query row `row` (int64): `offset` (of the row in q, the output and dq, which share strides), `start, end`
     (its edges), `dim, dim_ok` and the query (BLOCK_D,) in fp32."""
-    row = tl.program_id(0).to(tl.int64)
     offset = _row_offset(row, n, H, sq_b, sq_h, sq_n)
     dim = tl.arange(0, BLOCK_D)
     q = tl.load(Q + offset + dim, mask=dim < D, other=0.0).to(tl.float32)
-    return row, offset, tl.load(CROW + row), tl.load(CROW + row + 1), dim, dim < D, q
+    return offset, tl.load(CROW + row), tl.load(CROW + row + 1), dim, dim < D, q
+
+
+@triton.jit
+def _replaced(row, BEFORE, n, m, H, GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr):
+    """Whether head-split row `row` is a real global query, whose output the global-row programs write, as a (1,)
+    block (all False without them)."""
+    bh = row // n
+    i = row - bh * n + tl.arange(0, 1)
+    return replaced_rows(BEFORE, bh // H, m, i, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
 
 
 @triton.jit
@@ -77,13 +87,15 @@ def _edge_chunk(
 
 
 @triton.jit
-def _edge_fwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, OUT, LSE, scale, keep_scale,
+def _edge_fwd_row(
+    row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, OUT, LSE, scale, keep_scale,
     n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
+    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    row, q_off, start, end, dim, dim_ok, q = _query_row(Q, CROW, n, H, sq_b, sq_h, sq_n, D, BLOCK_D)
+    """Forward of one query row over its edges."""
+    q_off, start, end, dim, dim_ok, q = _query_row(row, Q, CROW, n, H, sq_b, sq_h, sq_n, D, BLOCK_D)
     row_max = tl.full([1], float("-inf"), tl.float32)
     row_sum = tl.zeros([1], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
@@ -106,23 +118,56 @@ def _edge_fwd(
         row_max = m_new
     has_mass = row_sum > 0.0
     out = acc / tl.where(has_mass, row_sum, 1.0)
-    tl.store(OUT + q_off + dim, out.to(OUT.dtype.element_ty), mask=dim_ok)
+    # A global query's row and log-sum-exp are its global program's.
+    kept = ~_replaced(row, BEFORE, n, m, H, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
+    tl.store(OUT + q_off + dim, out.to(OUT.dtype.element_ty), mask=dim_ok & kept)
     # Empty rows store lse = 0, so backward recomputes exact-zero probabilities for them.
     lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
-    tl.store(LSE + row + tl.arange(0, 1), lse)
+    tl.store(LSE + row + tl.arange(0, 1), lse, mask=kept)
 
 
 @triton.jit
-def _edge_bwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale, keep_scale,
-    n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
+def _edge_fwd(
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, OUT, LSE, scale, keep_scale, global_programs,
+    n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
+    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # With global rows, their `B * H` programs come first, so that their loops over every key start early and
+    # overlap the row programs (kernels/triton/global_rows.py); the output shares q's strides.
+    pid = tl.program_id(0).to(tl.int64)
+    if GLOBAL_ROWS and pid < global_programs:
+        global_rows_fwd(
+            pid, Q, K, V, BEFORE, OUT, LSE, H, n, m, scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sq_b, sq_h, sq_n,
+            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+        )  # fmt: skip
+    else:
+        _edge_fwd_row(
+            pid - global_programs, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, OUT, LSE, scale, keep_scale,
+            n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+            D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, GLOBALS, HAS_TABLES, GLOBAL_ROWS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _edge_bwd_row(
+    row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale,
+    keep_scale, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
+    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    row, q_off, start, end, dim, dim_ok, q = _query_row(Q, CROW, n, H, sq_b, sq_h, sq_n, D, BLOCK_D)
+    """Backward of one query row over its edges."""
+    q_off, start, end, dim, dim_ok, q = _query_row(row, Q, CROW, n, H, sq_b, sq_h, sq_n, D, BLOCK_D)
     do = tl.load(DO + _row_offset(row, n, H, sdo_b, sdo_h, sdo_n) + dim, mask=dim_ok, other=0.0).to(tl.float32)
-    lse = tl.load(LSE + row + tl.arange(0, 1))  # (1,)
+    kept = ~_replaced(row, BEFORE, n, m, H, GLOBALS, HAS_TABLES, GLOBAL_ROWS)  # (1,)
+    # A global query's method row was replaced: it reaches nothing. An infinite log-sum-exp makes its recomputed
+    # probabilities, and with them every gradient of its edges, exact zeros (its edges' gradients are still written).
+    lse = tl.where(kept, tl.load(LSE + row + tl.arange(0, 1)), float("inf"))  # (1,)
     out = tl.load(OUT + q_off + dim, mask=dim_ok, other=0.0).to(tl.float32)
     delta = tl.sum(do * out, 0)  # rowsum(dO * O), of the output as written
     dq = tl.zeros([BLOCK_D], tl.float32)
@@ -145,9 +190,36 @@ def _edge_bwd(
             tl.store(DBIAS + edge, grad_s, mask=ok)
         dq += tl.sum(grad_s[:, None] * k_rows, 0) * scale
         # dK / dV are fp32 buffers with k's and v's strides, shared by every row: atomic adds.
+        mask = mask & kept[:, None]
         tl.atomic_add(DK + k_off[:, None] + dim[None, :], (grad_s * scale)[:, None] * q[None, :], mask=mask)
         tl.atomic_add(DV + v_off[:, None] + dim[None, :], (p * factor)[:, None] * do[None, :], mask=mask)
-    tl.store(DQ + q_off + dim, dq.to(DQ.dtype.element_ty), mask=dim_ok)
+    tl.store(DQ + q_off + dim, dq.to(DQ.dtype.element_ty), mask=dim_ok & kept)  # a global query's: its program's
+
+
+@triton.jit
+def _edge_bwd(
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale, keep_scale,
+    global_programs, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
+    NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
+    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    if GLOBAL_ROWS and pid < global_programs:  # first, as in the forward; dQ, the output shares q's strides, dK
+        global_rows_bwd(  # and dV k's and v's
+            pid, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, H, n, m, scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sq_b, sq_h, sq_n, sdo_b, sdo_h, sdo_n,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+        )  # fmt: skip
+    else:
+        _edge_bwd_row(
+            pid - global_programs, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, DO, OUT, LSE, DQ, DK, DV, DBIAS,
+            DWEIGHT, scale, keep_scale, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+            sdo_b, sdo_h, sdo_n, D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, NEED_BIAS, NEED_WEIGHT,
+            GLOBALS, HAS_TABLES, GLOBAL_ROWS,
+        )  # fmt: skip
 
 
 def _rows(t: Tensor) -> tuple[int, int, int, int, int]:
@@ -174,28 +246,29 @@ class EdgeAttentionTriton(torch.autograd.Function):
     (`launch.dense`); the output and dq are made like q, the fp32 dK and dV buffers like k and v."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, weight, crow, cols, keep, keep_scale, scale):
+    def forward(ctx, q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, before, global_rows):
         n, H, *q_strides = _rows(q)
         m, _, *k_strides = _rows(k)
         _, _, *v_strides = _rows(v)
         num_rows = crow.shape[0] - 1
         out = torch.empty_like(q)
         lse = torch.empty(num_rows, dtype=torch.float32, device=q.device)
-        meta = _meta(q.shape[-1], bias, weight, keep)
+        meta = _meta(q.shape[-1], bias, weight, keep, before, global_rows)
+        global_programs = num_rows // n if global_rows else 0  # one per (batch, head)
         if num_rows > 0:
-            _edge_fwd[(num_rows,)](
-                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), out, lse, scale, keep_scale,
-                n, m, H, *q_strides, *k_strides, *v_strides, **meta,
+            _edge_fwd[(global_programs + num_rows,)](
+                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), _or(before, crow), out, lse,
+                scale, keep_scale, global_programs, n, m, H, *q_strides, *k_strides, *v_strides, **meta,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, bias, weight, crow, cols, keep, out, lse)
-        ctx.keep_scale, ctx.scale = keep_scale, scale
+        ctx.save_for_backward(q, k, v, bias, weight, crow, cols, keep, before, out, lse)
+        ctx.keep_scale, ctx.scale, ctx.global_rows = keep_scale, scale, global_rows
         return out
 
     @staticmethod
     # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, bias, weight, crow, cols, keep, out, lse = ctx.saved_tensors
+        q, k, v, bias, weight, crow, cols, keep, before, out, lse = ctx.saved_tensors
         n, H, *q_strides = _rows(q)
         m, _, *k_strides = _rows(k)
         _, _, *v_strides = _rows(v)
@@ -205,10 +278,10 @@ class EdgeAttentionTriton(torch.autograd.Function):
         if grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
         # Each row's program writes its dq and its edges' gradients once (the padding edges' are zeroed apart); the
-        # keys' and values' gradients are atomic fp32 sums, from zero, in one buffer.
+        # keys' and values' gradients are atomic fp32 sums, from zero, in one buffer, cast once at the end.
         dq = torch.empty_like(q)
-        dk, dv = torch.zeros(k.numel() + v.numel(), dtype=torch.float32, device=q.device).split((k.numel(), v.numel()))
-        dk, dv = dk.as_strided(k.shape, k.stride()), dv.as_strided(v.shape, v.stride())
+        dkv = torch.zeros(k.numel() + v.numel(), dtype=torch.float32, device=q.device)
+        dk, dv = _like_kv(dkv, k, v)
         dbias = torch.empty(cols.shape, dtype=torch.float32, device=q.device) if need_bias else None
         dweight = torch.empty(cols.shape, dtype=torch.float32, device=q.device) if need_weight else None
         if (need_bias or need_weight) and cols.numel() > 0:
@@ -216,17 +289,27 @@ class EdgeAttentionTriton(torch.autograd.Function):
                 crow, _or(dbias, dk), _or(dweight, dk), num_rows, cols.numel(), BLOCK=TAIL_BLOCK,
                 NEED_BIAS=need_bias, NEED_WEIGHT=need_weight,
             )  # fmt: skip
+        global_programs = num_rows // n if ctx.global_rows else 0
         if num_rows > 0:
-            _edge_bwd[(num_rows,)](
-                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), grad_out, out, lse,
-                dq, dk, dv, _or(dbias, dk), _or(dweight, dk), ctx.scale, ctx.keep_scale,
+            _edge_bwd[(global_programs + num_rows,)](
+                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), _or(before, crow), grad_out,
+                out, lse, dq, dk, dv, _or(dbias, dk), _or(dweight, dk), ctx.scale, ctx.keep_scale, global_programs,
                 n, m, H, *q_strides, *k_strides, *v_strides, *_rows(grad_out)[2:],
-                NEED_BIAS=need_bias, NEED_WEIGHT=need_weight, **_meta(q.shape[-1], bias, weight, keep),
+                NEED_BIAS=need_bias, NEED_WEIGHT=need_weight,
+                **_meta(q.shape[-1], bias, weight, keep, before, ctx.global_rows),
             )  # fmt: skip
-        return dq, dk.to(k.dtype), dv.to(v.dtype), dbias, dweight, None, None, None, None, None
+        if dkv.dtype != k.dtype:
+            dk, dv = _like_kv(dkv.to(k.dtype), k, v)
+        return dq, dk, dv, dbias, dweight, None, None, None, None, None, None, None
 
 
-def _meta(head_dim: int, bias, weight, keep) -> dict:
+def _like_kv(flat: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Views of a flat buffer of `k.numel() + v.numel()` elements with k's and v's shapes and strides (both dense)."""
+    first, second = flat.split((k.numel(), v.numel()))
+    return first.as_strided(k.shape, k.stride()), second.as_strided(v.shape, v.stride())
+
+
+def _meta(head_dim: int, bias, weight, keep, before, global_rows: int) -> dict:
     return {
         "D": head_dim,
         "BLOCK_D": block_d(head_dim),
@@ -235,6 +318,11 @@ def _meta(head_dim: int, bias, weight, keep) -> dict:
         "HAS_BIAS": bias is not None,
         "HAS_WEIGHT": weight is not None,
         "HAS_KEEP": keep is not None,
+        "GLOBALS": max(global_rows, 1),
+        "HAS_TABLES": before is not None,
+        "GLOBAL_ROWS": global_rows > 0,
+        "BLOCK_G": MAX_FUSED_GLOBALS,
+        "BLOCK_N": BLOCK_N,
     }
 
 
@@ -252,12 +340,15 @@ def edge_attention_triton(
     dropout_p: float,
     sorted_rows: bool,
     crow: Tensor | None = None,
+    global_rows: int = 0,
+    key_valid: Tensor | None = None,
 ) -> Tensor:
     """Triton implementation of [`attnzoo.kernels.edge_attention`] with an explicit dropout keep-mask `keep` (E,)
     in the caller's edge order, or None; arguments as there (and checked there): q, k, v flat `(rows, d)` or
     head-split `(B, H, rows, d)` (read in place, any dense layout), the result shaped and laid out as q. q, k and v
     share one dtype among fp32, bf16 and fp16; the result has it too. `crow`: the row pointers of sorted rows, if the
-    caller has them."""
+    caller has them. `global_rows` and `key_valid`: the global queries' dense rows, computed in the kernels (up to
+    `MAX_FUSED_GLOBALS` of them; more are replaced after the kernel)."""
     check_dtypes(q, k, v)
     num_rows = q.shape[:-1].numel()
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -270,4 +361,10 @@ def edge_attention_triton(
     keep = None if keep is None else keep.contiguous().view(torch.uint8)
     bias = None if logit_bias is None else logit_bias.contiguous()
     weight = None if edge_weight is None else edge_weight.contiguous()
-    return EdgeAttentionTriton.apply(q, k, v, bias, weight, crow, cols.contiguous(), keep, keep_scale, scale)
+    fused = global_rows if global_rows <= MAX_FUSED_GLOBALS else 0
+    before = key_tables(key_valid)[0] if fused and key_valid is not None else None
+    cols = cols.contiguous()
+    out = EdgeAttentionTriton.apply(q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, before, fused)
+    if global_rows and not fused:
+        out = replace_global_rows(out, q, k, v, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
+    return out

@@ -1,0 +1,113 @@
+"""Edge attention's `global_rows`: the first queries' dense rows as part of the primitive. The Triton kernels compute
+them in programs of their own (CUDA's path: run by Triton's interpreter on CPU, compiled on CUDA under the `gpu`
+marker); the reference replaces the rows after the edge attention (`kernels.interpolated.replace_global_rows`, what
+`ZooAttention.with_global_rows` does). Outputs and every gradient must agree, padding and int32 edge lists included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnzoo.kernels import dense_masked_attention, edge_attention
+
+pytest.importorskip("triton")
+
+from triton_devices import TRITON_DEVICES as DEVICES  # noqa: E402
+
+B, H, N, D = 2, 3, 24, 16
+
+
+def _inputs(device: str, dtype: torch.dtype, seed: int = 0, index_dtype: torch.dtype = torch.int64):
+    """Head-split q, k, v read from token-major projections (as the models hold them), row-sorted edges within each
+    (batch, head) with an fp32 logit bias and edge weight, and a key mask whose second example has padding at its
+    end and at position 1 (a padded global position keeps the method's row)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, N, H, D, generator=g).transpose(1, 2).to(device, dtype) for _ in range(3))
+    rows = torch.randint(0, B * H * N, (500,), generator=g).sort().values
+    cols = (rows // N) * N + torch.randint(0, N, (500,), generator=g)
+    bias = torch.randn(500, generator=g)
+    weight = torch.rand(500, generator=g) + 0.5
+    key_valid = torch.ones(B, N, dtype=torch.bool)
+    key_valid[1, -5:] = False
+    key_valid[1, 1] = False
+    tensors = (q, k, v, bias.to(device), weight.to(device))
+    return tensors, rows.to(device, index_dtype), cols.to(device, index_dtype), key_valid.to(device)
+
+
+def _run(backend: str, tensors, rows, cols, key_valid, global_rows: int, grad_seed: int = 1):
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    q, k, v, bias, weight = leaves
+    out = edge_attention(
+        q, k, v, rows, cols, logit_bias=bias, edge_weight=weight, sorted_rows=True, global_rows=global_rows,
+        key_valid=key_valid, backend=backend,
+    )  # fmt: skip
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed)).to(out.device, out.dtype)
+    out.backward(grad)
+    return out.detach(), [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 6e-2)])
+@pytest.mark.parametrize("global_rows", [1, 3])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_global_rows_in_the_kernels_equal_the_reference(device, dtype, atol, global_rows, index_dtype):
+    tensors, rows, cols, key_valid = _inputs(device, dtype, index_dtype=index_dtype)
+    out, grads = _run("triton", tensors, rows, cols, key_valid, global_rows)
+    # The reference in fp32 from the same (rounded) values.
+    ref_inputs = [t.float().cpu() for t in tensors]
+    ref_out, ref_grads = _run("reference", ref_inputs, rows.cpu().long(), cols.cpu().long(), key_valid.cpu(),
+                              global_rows)  # fmt: skip
+    torch.testing.assert_close(out.float().cpu(), ref_out, atol=atol, rtol=atol)
+    for name, grad, ref in zip(("q", "k", "v", "logit_bias", "edge_weight"), grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad.float().cpu(), ref, atol=atol, rtol=atol, msg=lambda m, n=name: f"{n}: {m}")
+    # dq, dk and dv come back in the inputs' layout (token-major here, as the projections' backward reads them)
+    for grad, tensor in zip(grads[:3], tensors[:3], strict=True):
+        assert grad.stride() == tensor.stride()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_global_rows_are_dense_rows_and_their_edges_get_no_gradient(device):
+    """What the rows are: a real global query's row is dense attention over the real keys, a padded global position
+    keeps its edge row, and a replaced row's edges get exactly zero gradient."""
+    tensors, rows, cols, key_valid = _inputs(device, torch.float32)
+    q, k, v, bias, weight = tensors
+    out, grads = _run("triton", tensors, rows, cols, key_valid, 2)
+    plain, _ = _run("triton", tensors, rows, cols, key_valid, 0)
+    mask = key_valid[:, None, None, :]
+    dense, _ = dense_masked_attention(q[:, :, :2], k, v, mask, scale=D**-0.5, return_weights=False)
+    real = key_valid[:, :2]  # (B, 2): the global positions that are real tokens
+    for b in range(B):
+        for i in range(2):
+            expected = dense[b, :, i] if real[b, i] else plain[b, :, i]
+            torch.testing.assert_close(out[b, :, i], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[:, :, 2:], plain[:, :, 2:], atol=0, rtol=0)  # the other rows are untouched
+    # edges of replaced rows: row r = (b H + h) N + i with i < 2 and real
+    b_of, i_of = rows.long() // (H * N), rows.long() % N
+    replaced = (i_of < 2) & real[b_of, i_of.clamp(max=1)]
+    assert replaced.any() and (~replaced).any()
+    for grad in grads[3:]:
+        assert torch.all(grad[replaced] == 0)
+        assert grad[~replaced].abs().sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_more_global_rows_than_the_kernels_take_fall_back_to_the_reference_rows(device):
+    tensors, rows, cols, key_valid = _inputs(device, torch.float32)
+    out, grads = _run("triton", tensors, rows, cols, key_valid, 17)  # MAX_FUSED_GLOBALS + 1
+    ref_out, ref_grads = _run("reference", [t.cpu() for t in tensors], rows.cpu(), cols.cpu(), key_valid.cpu(), 17)
+    torch.testing.assert_close(out.cpu(), ref_out, atol=1e-5, rtol=1e-5)
+    for grad, ref in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad.cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_global_rows_reject_inputs_they_do_not_fit():
+    tensors, rows, cols, key_valid = _inputs("cpu", torch.float32)
+    q, k, v = tensors[:3]
+    with pytest.raises(ValueError, match="global_rows needs head-split self-attention"):
+        edge_attention(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), rows, cols, global_rows=1)
+    with pytest.raises(ValueError, match="global_rows needs head-split self-attention"):
+        edge_attention(q, k, v, rows, cols, global_rows=N + 1)
+    with pytest.raises(ValueError, match="global_rows must be >= 0"):
+        edge_attention(q, k, v, rows, cols, global_rows=-1)
+    with pytest.raises(ValueError, match="key_valid must be bool of shape"):
+        edge_attention(q, k, v, rows, cols, global_rows=1, key_valid=key_valid[:, :-1])
