@@ -41,9 +41,10 @@ from torch import Tensor
 
 from .dense import dense_masked_attention
 from .dropout import sample_keep_mask
-from .edgelist import check_edges, check_global_rows, edge_attention_reference_with_mask, edge_attention_with_mask
+from .edgelist import check_edges, edge_attention_reference_with_mask, edge_attention_with_mask
 from .gathered import check_gathered, gathered_attention_reference_with_mask, gathered_attention_with_mask
-from .interpolated import check_interpolated, interpolated_attention_torch, replace_global_rows
+from .global_rows import check_global_rows, replace_global_rows
+from .interpolated import check_interpolated, interpolated_attention_torch
 from .key_slots import check_key_slots, key_slot_attention_torch
 
 #: Values of `ZooConfig.attention_backend`.

@@ -55,23 +55,6 @@ def check_edges(
             raise IndexError(f"cols out of range [0, {num_cols})")
 
 
-def check_global_rows(q: Tensor, k: Tensor, global_rows: int, key_valid: Tensor | None) -> None:
-    """Raise `ValueError` unless edge attention's `global_rows` and `key_valid` fit q and k (no sync)."""
-    if global_rows < 0:
-        raise ValueError(f"global_rows must be >= 0, got {global_rows}")
-    if global_rows == 0:
-        return
-    # The global queries are the first tokens of an encoder self-attention: query i is key i.
-    if q.dim() != 4 or q.shape[2] != k.shape[2] or global_rows > q.shape[2]:
-        raise ValueError(
-            f"global_rows needs head-split self-attention q, k (B, H, N, d) with N >= global_rows = {global_rows}, "
-            f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
-        )
-    expected = (k.shape[0], k.shape[2])
-    if key_valid is not None and (key_valid.dtype != torch.bool or tuple(key_valid.shape) != expected):
-        raise ValueError(f"key_valid must be bool of shape {expected}, got {key_valid.dtype} {tuple(key_valid.shape)}")
-
-
 def edge_attention_reference_with_mask(
     q: Tensor,
     k: Tensor,

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dense import global_query_rows, splice_rows
 from .gathered import gathered_attention_reference_with_mask, gathered_attention_with_mask
+from .global_rows import replace_global_rows
 
 #: How points beyond the allowed keys are brought back (values of `A2FormerConfig.position_bound`).
 POSITION_BOUNDS = ("clamp", "reflect")
@@ -236,27 +236,6 @@ def interpolated_density(
             frac = distinct.float() / key_valid.sum(-1).clamp(min=1).float().view(-1, 1, 1)
             rows = rows & key_valid[:, None, num_keys - num_queries :]
         return (frac * rows).sum(2) / rows.sum(2).clamp(min=1)
-
-
-def replace_global_rows(
-    out: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    key_valid: Tensor | None,
-    num_global: int,
-    *,
-    scale: float | None,
-    dropout_p: float,
-    training: bool,
-) -> Tensor:
-    """`out` `(B, H, N, d)` with the rows of the real global queries (the first `g`) replaced by dense masked
-    attention over every real key: `ZooAttention.with_global_rows` (`core.global_tokens`) as part of the primitive,
-    so that a fused implementation can compute those rows in its own kernels."""
-    rows, _ = global_query_rows(
-        q, k, v, key_valid, num_global, scale=scale, dropout_p=dropout_p, training=training, return_weights=False
-    )
-    return splice_rows(out, rows, key_valid)
 
 
 def interpolated_attention_torch(

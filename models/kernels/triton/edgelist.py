@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..csr import row_pointers
 from ..edgelist import sort_edges
-from ..interpolated import replace_global_rows
+from ..global_rows import replace_global_rows
 from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, key_tables, replaced_rows
 from .launch import block_d, check_dtypes, dense
 from .launch import pointer_or as _or

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..interpolated import replace_global_rows
+from ..global_rows import replace_global_rows
 from .gathered import _load_rows, _query_block
 from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, is_real, key_tables
 from .global_rows import replaced_rows as _replaced
