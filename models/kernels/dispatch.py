@@ -214,6 +214,8 @@ def gathered_attention(
     dropout_p: float = 0.0,
     training: bool = False,
     keep: Tensor | None = None,
+    global_rows: int = 0,
+    key_valid: Tensor | None = None,
     backend: str = "fast",
 ) -> Tensor:
     """Each query attends to its own `K` slots; a slot is one key row or a weighted mix of `J` key rows.
@@ -241,34 +243,35 @@ def gathered_attention(
         training (`bool`, *optional*, defaults to `False`): draw a dropout mask (global RNG) when `keep` is None.
         keep (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): dropout keep-mask drawn by the caller (so
             that several backends can be fed the same mask); `dropout_p` must be the probability it was drawn with.
+        global_rows (`int`, *optional*, defaults to 0): replace the rows of the first `global_rows` queries that are
+            real tokens by dense softmax attention over every real key, without dropout, as [`edge_attention`]
+            does (the Triton kernels compute up to 16 of them, with the dot product, in programs of their own).
+            Encoder self-attention only (query `i` is key `i`).
+        key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): the real keys, for `global_rows` (`None`:
+            every key is real).
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
         `torch.Tensor` of shape `(B, H, Nq, d)` in the dtype of the inputs.
     """
     check_gathered(q, k, v, idx, valid, weight, logit_bias)
+    check_global_rows(q, k, global_rows, key_valid)
     if keep is None and training and dropout_p > 0.0:
         keep = sample_keep_mask(tuple(idx.shape[:4]), dropout_p, idx.device)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    kwargs = {"scale": scale, "keep": keep, "dropout_p": dropout_p, "weight": weight, "logit_bias": logit_bias}
+    kwargs["dot_product"] = dot_product
+    if implementation == "triton":
+        return _triton_kernels().gathered_attention_triton(
+            q, k, v, idx, valid, global_rows=global_rows, key_valid=key_valid, **kwargs
+        )
     if implementation == "reference":
-        function = gathered_attention_reference_with_mask
-    elif implementation == "torch":
-        function = gathered_attention_with_mask
+        out = gathered_attention_reference_with_mask(q, k, v, idx, valid, **kwargs)
     else:
-        function = _triton_kernels().gathered_attention_triton
-    return function(
-        q,
-        k,
-        v,
-        idx,
-        valid,
-        scale=scale,
-        keep=keep,
-        dropout_p=dropout_p,
-        weight=weight,
-        logit_bias=logit_bias,
-        dot_product=dot_product,
-    )
+        out = gathered_attention_with_mask(q, k, v, idx, valid, **kwargs)
+    if global_rows:
+        out = replace_global_rows(out, q, k, v, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
+    return out
 
 
 def gathered_attention_reference(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, valid: Tensor | None = None, **kwargs):

@@ -6,7 +6,7 @@ import torch
 
 from ..core.attention import AttentionOutput, ZooAttention
 from ..core.global_tokens import append_global_slots
-from ..kernels import gathered_attention
+from ..kernels import gathered_attention, resolve_backend
 from .configuration_smart_bird import SmartBirdConfig
 from .sampling import resolve_sampling_method, sample_keys
 
@@ -126,11 +126,15 @@ class SmartBirdAttention(ZooAttention):
             out = self.dense_reference(q, k, v, mask, output_attentions)
             out.density = density
             return out
+        # The Triton kernels compute the global queries' dense rows in their own programs (no op around them).
+        global_rows = 0
+        if resolve_backend(self.config.attention_backend, q.device, q.dtype, k.dtype, v.dtype) == "triton":
+            global_rows = self.kernel_global_rows(q.shape[2], k.shape[2], query_offset)
         out = gathered_attention(
             q, k, v, idx, valid, scale=self.scaling, dropout_p=self.dropout, training=self.training,
-            backend=self.config.attention_backend,
+            global_rows=global_rows, key_valid=key_valid, backend=self.config.attention_backend,
         )  # fmt: skip
-        return AttentionOutput(hidden_states=out, density=density)
+        return AttentionOutput(hidden_states=out, density=density, global_rows_done=global_rows > 0)
 
     @staticmethod
     def _density(valid: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:

@@ -78,7 +78,7 @@ STATUS = {
         },
     ),
     "sbm:fastrg-2%": Status(12, 24, 0, 0, 1.05, 1.00, 1.26),
-    "smart_bird": Status(5, 23, 0, 0, 1.09, 1.00, 1.32),
+    "smart_bird": Status(3, 5, 0, 0, 1.09, 1.00, 1.04),
     # CUDA's default path: one FlexAttention call per layer (the call a counted stand-in, see `cuda_code_path`).
     "sparse_transformer": Status(4, 7, 0, 0, 1.08, 1.00, 1.06),
     # The other CUDA path (`attention_backend="triton"`): the reshapes into SDPA and attnzoo's Triton edge kernel.

@@ -98,22 +98,38 @@ def test_triton_backend_under_bf16_autocast_stays_close_to_the_fp32_reference(fa
         assert (grad - expected_grads[name]).norm() <= 0.1 * expected_grads[name].norm() + 1e-3 * largest, name
 
 
-def test_sbm_global_rows_in_the_edge_kernels_equal_the_reference(monkeypatch):
-    """Without attention dropout SBM's edge kernels compute the global query's rows themselves (`global_rows`, no
-    SDPA or splice around them): the same outputs and gradients as the reference's `with_global_rows`."""
-    import attnzoo.sbm.attention_sbm as attention_sbm
+@pytest.mark.parametrize(
+    ("family", "module", "primitive", "overrides"),
+    [
+        ("sbm", "attnzoo.sbm.attention_sbm", "edge_attention", {"sampling_backend": "fastrg", "sparsity_weight": 0.1}),
+        # both backends on the counter sampler's stream, as in CASES
+        (
+            "smart_bird",
+            "attnzoo.smart_bird.attention_smart_bird",
+            "gathered_attention",
+            {"num_samples": 6, "sampling_method": "counter"},
+        ),
+    ],
+    ids=["sbm-fastrg", "smart_bird"],
+)
+def test_global_rows_in_the_kernels_equal_the_reference(family, module, primitive, overrides, monkeypatch):
+    """Without attention dropout, SBM's edge kernels and Smart Bird's gathered kernels compute the global query's
+    rows themselves (`global_rows`: no SDPA, splice or gradient sums around them): the same outputs and gradients
+    as the reference's `with_global_rows`."""
+    import importlib
 
+    owner = importlib.import_module(module)
     requested = []
-    edge_attention = attention_sbm.edge_attention
+    original = getattr(owner, primitive)
 
     def spy(*args, **kwargs):
         requested.append(kwargs["global_rows"])
-        return edge_attention(*args, **kwargs)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(attention_sbm, "edge_attention", spy)
-    overrides = {"sampling_backend": "fastrg", "sparsity_weight": 0.1, "attention_probs_dropout_prob": 0.0}
-    out, grads = _run("sbm", overrides, "triton", train=True)
+    monkeypatch.setattr(owner, primitive, spy)
+    overrides = {**overrides, "attention_probs_dropout_prob": 0.0}
+    out, grads = _run(family, overrides, "triton", train=True)
     assert requested and all(rows == 1 for rows in requested)  # the tiny config's one global token
-    expected, expected_grads = _run("sbm", overrides, "reference", train=True)
+    expected, expected_grads = _run(family, overrides, "reference", train=True)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
     assert_same_gradients(grads, expected_grads, rtol=2e-4, atol=2e-5)

@@ -29,15 +29,22 @@ for head_dim, entries, dot, options in (
     (64, 2, False, (given, absent, given, absent)),
     (64, 1, True, (absent, given, absent, absent)),
 ):
-    meta = gathered._meta(head_dim, entries, dot, *options)
+    meta = gathered._meta(head_dim, entries, dot, *options, absent, 0)
     compile_kernel(gathered._gathered_fwd, meta, DTYPES)
     needs = {"NEED_WEIGHT": options[0] is given, "NEED_BIAS": options[2] is given}
-    compile_kernel(gathered._gathered_bwd, dict(meta, **needs), DTYPES)
+    compile_kernel(gathered._gathered_bwd, dict(meta, **needs), dict(DTYPES, DQ="*bf16"))  # dq in q's dtype
+# Smart Bird's CUDA path: its global query's dense rows in the kernels, with and without the real-key table (the
+# index is its placeholder); dq in q's dtype.
+for table in (given, absent):
+    meta = gathered._meta(64, 1, True, absent, given, absent, absent, table, 1)
+    pointers = dict(DTYPES, BEFORE="*i32" if table else "*i64", DQ="*bf16")
+    compile_kernel(gathered._gathered_fwd, meta, pointers)
+    compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), pointers)
 # One query of one head (decoding a token): the grid decoding's cdiv then folds over constants.
-meta = gathered._meta(64, 1, True, absent, given, absent, absent)
+meta = gathered._meta(64, 1, True, absent, given, absent, absent, absent, 0)
 ones = ("num_heads", "num_queries")
 compile_kernel(gathered._gathered_fwd, meta, DTYPES, ones)
-compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), DTYPES, ones)
+compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), dict(DTYPES, DQ="*bf16"), ones)
 for head_dim, flag in ((64, True), (64, False), (128, True)):
     meta = edgelist._meta(head_dim, *(given if flag else absent for _ in range(3)), absent, 0)
     # H: the heads of head-split inputs (an int argument)

@@ -7,9 +7,12 @@ slot is `bias_s + scale * <q, k~_s>` (the dot product only with `DOT`), the soft
 multiplies the probabilities and `out = sum_s p_s keep_s v~_s`.
 
 Forward: one program per block of `BLOCK_M` queries of one (batch, head), an online softmax over the slots
-(FlashAttention's running max and sum), fp32 accumulation; it stores the output and the row log-sum-exp. Backward
-recomputes every score from the log-sum-exp, writes dQ, the weight and bias gradients directly and accumulates dK /
-dV with fp32 atomic adds, so no `(N, K, d)` tensor exists in either pass. Each query has its own key rows, so there is
+(FlashAttention's running max and sum), fp32 accumulation; it stores the output (token-major in memory, so that the
+heads merge as a view) and the row log-sum-exp. Backward recomputes every score from the log-sum-exp and
+`rowsum(dO * O)` from the stored output, writes dQ (in q's dtype and layout), the weight and bias gradients directly
+and accumulates dK / dV with relaxed fp32 atomic adds into one buffer cast once, so no `(N, K, d)` tensor exists in
+either pass. With `global_rows`, `B * H` programs of their own compute the global queries' dense rows
+(`global_rows.py`). Each query has its own key rows, so there is
 no shared tile for tensor cores: the kernels are bound by the gathers' memory traffic.
 """
 
@@ -20,6 +23,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..global_rows import replace_global_rows
+from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, key_tables, replaced_rows
+from .global_rows import load_rows as _load_rows
+from .global_rows import scatter_rows as _scatter_rows
 from .launch import check_dtypes, query_tile_meta, row_strides
 from .launch import pointer_or as _or
 
@@ -36,13 +43,6 @@ def _query_block(pid, num_heads, num_queries, D: tl.constexpr, BLOCK_M: tl.const
     rows = (pid % blocks).to(tl.int32) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     dim = tl.arange(0, BLOCK_D)
     return bh, bh // num_heads, bh % num_heads, rows, rows < num_queries, dim, dim < D
-
-
-@triton.jit
-def _load_rows(X, s_b, s_h, s_n, b, h, positions, dim, mask):
-    """Rows `positions` (BLOCK_M,) of head (b, h) of a `(B, H, N, d)` tensor with the given strides, in fp32."""
-    ptr = X + b * s_b + h * s_h + positions[:, None].to(tl.int64) * s_n + dim[None, :]
-    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
 
 
 @triton.jit
@@ -76,14 +76,15 @@ def _mixed_slot(
 
 
 @triton.jit
-def _gathered_fwd(
-    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, OUT, LSE,
+def _slots_fwd(
+    pid, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, LSE,
     num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
+    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
+    """Forward of one block of queries over their slots."""
     bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
     row_mask = row_ok[:, None] & dim_ok[None, :]
     q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
@@ -110,32 +111,68 @@ def _gathered_fwd(
         row_max = m_new
     has_mass = row_sum > 0.0
     out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
+    # A global query's row and log-sum-exp are its global program's.
+    kept_rows = row_ok & ~replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
     o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
-    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_mask)
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=kept_rows[:, None] & dim_ok[None, :])
     # Empty rows store lse = 0: their recomputed probabilities exp(-inf - 0) are exact zeros in backward.
     lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
-    tl.store(LSE + bh * num_queries + rows, lse, mask=row_ok)
+    tl.store(LSE + bh * num_queries + rows, lse, mask=kept_rows)
 
 
 @triton.jit
-def _gathered_bwd(
-    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, DO, LSE, DELTA, DQ, DK, DV, DWEIGHT, DBIAS,
+def _gathered_fwd(
+    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, LSE,
+    num_heads, num_queries, num_keys, num_slots, scale, keep_scale, global_programs,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
+    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # With global rows, their `B * H` programs come first, so that their loops over every key start early and
+    # overlap the slot programs (kernels/triton/global_rows.py).
+    pid = tl.program_id(0).to(tl.int64)
+    if GLOBAL_ROWS and pid < global_programs:
+        global_rows_fwd(
+            pid, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+        )  # fmt: skip
+    else:
+        _slots_fwd(
+            pid - global_programs, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, LSE,
+            num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+            D, BLOCK_D, BLOCK_M, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS, HAS_KEEP, GLOBALS, HAS_TABLES, GLOBAL_ROWS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _slots_bwd(
+    pid, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS,
     num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
-    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+    sdk_b, sdk_h, sdk_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
+    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
+    """Backward of one block of queries over their slots."""
     bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
     row_mask = row_ok[:, None] & dim_ok[None, :]
+    # A global query's method row was replaced: it reaches nothing. An infinite log-sum-exp makes its recomputed
+    # probabilities, and with them every gradient of its slots, exact zeros (its slots' gradients are still written).
+    kept_rows = row_ok & ~replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
     q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)
     do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
-    lse = tl.load(LSE + bh * num_queries + rows, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + bh * num_queries + rows, mask=row_ok, other=0.0)  # rowsum(dO * O)
-    # dQ, dK and dV are fp32 contiguous (B * H, N, D) buffers; dK / dV take atomic adds.
-    dk_base = DK + bh * num_keys * D
-    dv_base = DV + bh * num_keys * D
+    lse = tl.where(kept_rows, tl.load(LSE + bh * num_queries + rows, mask=row_ok, other=0.0), float("inf"))
+    # rowsum(dO * O), the softmax backward's correction term, from the stored output.
+    delta = tl.sum(do * _load_rows(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
+    # dK and dV: fp32 buffers of one layout (strides sdk_*), fed by atomics.
+    dk = DK + b * sdk_b + h * sdk_h
+    dv = DV + b * sdk_b + h * sdk_h
     slot_base = (bh * num_queries + rows) * num_slots
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for s in range(0, num_slots):
@@ -145,6 +182,7 @@ def _gathered_bwd(
             sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS,
         )  # fmt: skip
         mask = ok[:, None] & dim_ok[None, :]
+        scatter = (ok & kept_rows)[:, None] & dim_ok[None, :]  # a replaced row adds nothing
         p = tl.exp(logit - lse)  # recomputed softmax probability of the slot
         grad_p = tl.sum(do * v_mix, 1)  # d loss / d p_s = keep factor * <dO, v~_s>
         if HAS_KEEP:
@@ -163,75 +201,112 @@ def _gathered_bwd(
             if DOT:
                 k_rows = _load_rows(K, sk_b, sk_h, sk_n, b, h, key, dim, mask)
                 dq += (grad_s * w * scale)[:, None] * k_rows
-                dk_ptr = dk_base + key[:, None].to(tl.int64) * D + dim[None, :]
-                tl.atomic_add(dk_ptr, (grad_s * w * scale)[:, None] * q, mask=mask)
+                _scatter_rows(dk, sdk_n, key, (grad_s * w * scale)[:, None] * q, scatter, dim)
                 if NEED_WEIGHT:
                     grad_w += grad_s * scale * tl.sum(q * k_rows, 1)
-            dv_ptr = dv_base + key[:, None].to(tl.int64) * D + dim[None, :]
-            tl.atomic_add(dv_ptr, (kept * w)[:, None] * do, mask=mask)
+            _scatter_rows(dv, sdk_n, key, (kept * w)[:, None] * do, scatter, dim)
             if NEED_WEIGHT:
                 grad_w += kept * tl.sum(do * _load_rows(V, sv_b, sv_h, sv_n, b, h, key, dim, mask), 1)
                 tl.store(DWEIGHT + slot * J + j, tl.where(ok, grad_w, 0.0), mask=row_ok)
-    tl.store(DQ + (bh * num_queries + rows[:, None].to(tl.int64)) * D + dim[None, :], dq, mask=row_mask)
+    if DOT:  # a global query's dQ is its global program's
+        dq_ptr = DQ + b * sq_b + h * sq_h + rows[:, None].to(tl.int64) * sq_n + dim[None, :]
+        tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=kept_rows[:, None] & dim_ok[None, :])
+
+
+@triton.jit
+def _gathered_bwd(
+    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS,
+    num_heads, num_queries, num_keys, num_slots, scale, keep_scale, global_programs,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+    sdk_b, sdk_h, sdk_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
+    NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
+    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    if GLOBAL_ROWS and pid < global_programs:  # first, as in the forward; dQ shares q's strides
+        global_rows_bwd(
+            pid, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+            sq_b, sq_h, sq_n, sdk_b, sdk_h, sdk_n, sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS,
+            HAS_TABLES,
+        )  # fmt: skip
+    else:
+        _slots_bwd(
+            pid - global_programs, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, DO, LSE, DQ, DK, DV,
+            DWEIGHT, DBIAS, num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+            sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_M, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS, HAS_KEEP,
+            NEED_WEIGHT, NEED_BIAS, GLOBALS, HAS_TABLES, GLOBAL_ROWS,
+        )  # fmt: skip
 
 
 class GatheredAttentionTriton(torch.autograd.Function):
     """Autograd wrapper of the two kernels; see [`gathered_attention_triton`] for the arguments."""
 
     @staticmethod
-    def forward(ctx, q, k, v, weight, bias, idx, valid, keep, keep_scale, scale, dot_product):
+    def forward(ctx, q, k, v, weight, bias, idx, valid, keep, keep_scale, scale, dot_product, before, global_rows):
         B, H, Nq, D = q.shape
         num_slots = idx.shape[3]
         entries = idx.shape[4]
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        # (B, Nq, H, d) in memory, as the heads are merged next: the merge is then a view, not a copy.
+        out = torch.empty(B, Nq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
         lse = torch.empty(B * H * Nq, dtype=torch.float32, device=q.device)
-        meta = _meta(D, entries, dot_product, weight, valid, bias, keep)
-        grid = (triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
+        meta = _meta(D, entries, dot_product, weight, valid, bias, keep, before, global_rows)
+        global_programs = B * H if global_rows else 0
+        grid = (global_programs + triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
             _gathered_fwd[grid](
-                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), out, lse,
-                H, Nq, k.shape[2], num_slots, scale, keep_scale,
+                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), _or(before, idx),
+                out, lse, H, Nq, k.shape[2], num_slots, scale, keep_scale, global_programs,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
                 **meta,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, weight, bias, idx, valid, keep, out, lse)
-        ctx.keep_scale, ctx.scale, ctx.dot_product = keep_scale, scale, dot_product
+        ctx.save_for_backward(q, k, v, weight, bias, idx, valid, keep, before, out, lse)
+        ctx.keep_scale, ctx.scale, ctx.dot_product, ctx.global_rows = keep_scale, scale, dot_product, global_rows
         return out
 
     @staticmethod
     # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, weight, bias, idx, valid, keep, out, lse = ctx.saved_tensors
+        q, k, v, weight, bias, idx, valid, keep, before, out, lse = ctx.saved_tensors
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
         num_slots, entries = idx.shape[3], idx.shape[4]
+        dot = ctx.dot_product
         need_weight = weight is not None and ctx.needs_input_grad[3]
         need_bias = bias is not None and ctx.needs_input_grad[4]
         if grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
-        delta = (grad_out.float() * out.float()).sum(-1).reshape(-1)  # (B * H * Nq,)
-        dq = torch.zeros(B * H, Nq, D, dtype=torch.float32, device=q.device)
-        dk = torch.zeros(B * H, Nk, D, dtype=torch.float32, device=q.device)
-        dv = torch.zeros(B * H, Nk, D, dtype=torch.float32, device=q.device)
-        dweight = torch.zeros(idx.shape, dtype=torch.float32, device=q.device) if need_weight else None
-        dbias = torch.zeros(idx.shape[:4], dtype=torch.float32, device=q.device) if need_bias else None
-        meta = _meta(D, entries, ctx.dot_product, weight, valid, bias, keep)
-        grid = (triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
+        # dQ written once per row in q's dtype and layout; one zero-filled fp32 buffer for the atomics of dK (with
+        # the dot product) and dV, cast once at the end, (B, Nk, H, d) in memory like the projections' outputs, so
+        # that their backward merges heads without a copy. Every weight and bias gradient is written.
+        dq = torch.empty_like(q) if dot else None
+        dkv = torch.zeros(2 if dot else 1, B, Nk, H, D, dtype=torch.float32, device=q.device)
+        dweight = torch.empty(idx.shape, dtype=torch.float32, device=q.device) if need_weight else None
+        dbias = torch.empty(idx.shape[:4], dtype=torch.float32, device=q.device) if need_bias else None
+        meta = _meta(D, entries, dot, weight, valid, bias, keep, before, ctx.global_rows)
+        global_programs = B * H if ctx.global_rows else 0
+        grid = (global_programs + triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
             _gathered_bwd[grid](
-                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), grad_out, lse,
-                delta, dq, dk, dv, _or(dweight, dq), _or(dbias, dq),
-                H, Nq, Nk, num_slots, ctx.scale, ctx.keep_scale,
-                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(grad_out),
+                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), _or(before, idx),
+                out, grad_out, lse, _or(dq, q), dkv[0], dkv[-1], _or(dweight, lse), _or(dbias, lse),
+                H, Nq, Nk, num_slots, ctx.scale, ctx.keep_scale, global_programs,
+                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out), *row_strides(grad_out),
+                *row_strides(dkv[0].transpose(1, 2)),
                 NEED_WEIGHT=need_weight, NEED_BIAS=need_bias, **meta,
             )  # fmt: skip
-        dq = dq.view(B, H, Nq, D).to(q.dtype) if ctx.dot_product else None
-        dk = dk.view(B, H, Nk, D).to(k.dtype) if ctx.dot_product else None
-        return dq, dk, dv.view(B, H, Nk, D).to(v.dtype), dweight, dbias, None, None, None, None, None, None
+        if dkv.dtype != k.dtype:
+            dkv = dkv.to(k.dtype)
+        dkv = dkv.transpose(2, 3)  # (2 or 1, B, H, Nk, d)
+        return dq, dkv[0] if dot else None, dkv[-1], dweight, dbias, None, None, None, None, None, None, None, None
 
 
-def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep) -> dict:
+def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep, before, global_rows: int) -> dict:
     return {
         **query_tile_meta(head_dim),
         "J": entries,
@@ -240,6 +315,11 @@ def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, k
         "HAS_VALID": valid is not None,
         "HAS_BIAS": bias is not None,
         "HAS_KEEP": keep is not None,
+        "GLOBALS": max(global_rows, 1),
+        "HAS_TABLES": before is not None,
+        "GLOBAL_ROWS": global_rows > 0,
+        "BLOCK_G": MAX_FUSED_GLOBALS,
+        "BLOCK_N": BLOCK_N,
     }
 
 
@@ -256,10 +336,13 @@ def gathered_attention_triton(
     scale: float | None = None,
     keep: Tensor | None = None,
     dropout_p: float = 0.0,
+    global_rows: int = 0,
+    key_valid: Tensor | None = None,
 ) -> Tensor:
     """Triton implementation of [`attnzoo.kernels.gathered_attention`] with an explicit dropout keep-mask `keep`
     (B, H, Nq, K) or None; arguments as there (and checked there). q, k and v share one dtype among fp32, bf16 and
-    fp16; the result has it too."""
+    fp16; the result has it too. `global_rows` and `key_valid`: the global queries' dense rows, computed in the
+    kernels (up to `MAX_FUSED_GLOBALS` of them, with the dot product; otherwise replaced after the kernel)."""
     check_dtypes(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -276,6 +359,11 @@ def gathered_attention_triton(
         weight = weight.contiguous()
     if logit_bias is not None:
         logit_bias = logit_bias.expand(idx.shape[:4]).contiguous()
-    return GatheredAttentionTriton.apply(
-        q, k, v, weight, logit_bias, idx.contiguous(), valid, keep, keep_scale, scale, dot_product
+    fused = global_rows if dot_product and global_rows <= MAX_FUSED_GLOBALS else 0
+    before = key_tables(key_valid)[0] if fused and key_valid is not None else None
+    out = GatheredAttentionTriton.apply(
+        q, k, v, weight, logit_bias, idx.contiguous(), valid, keep, keep_scale, scale, dot_product, before, fused
     )
+    if global_rows and not fused:
+        out = replace_global_rows(out, q, k, v, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
+    return out

@@ -16,11 +16,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .gathered import _load_rows
-
 # Global queries per (batch, head) program: tl.dot's smallest tile; more fall back to the torch rows.
 MAX_FUSED_GLOBALS = 16
 BLOCK_N = 64  # keys per tile of the global rows' loops
+
+
+@triton.jit
+def load_rows(X, s_b, s_h, s_n, b, h, positions, dim, mask):
+    """Rows `positions` (BLOCK_M,) of head (b, h) of a `(B, H, N, d)` tensor with the given strides, in fp32."""
+    ptr = X + b * s_b + h * s_h + positions[:, None].to(tl.int64) * s_n + dim[None, :]
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_M, BLOCK_D)
 
 
 @triton.jit
@@ -89,8 +94,8 @@ def _key_tile(
     key and value rows `(BLOCK_N, BLOCK_D)` (zero where not a real key) and the scaled scores `(BLOCK_G, BLOCK_N)`."""
     key_ok = (keys < num_keys) & is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
     tile_mask = key_ok[:, None] & dim_ok[None, :]
-    k_tile = _load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
-    v_tile = _load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
+    k_tile = load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
+    v_tile = load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
     scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale  # (BLOCK_G, BLOCK_N)
     return keys, key_ok, tile_mask, k_tile, v_tile, scores
 
@@ -109,7 +114,7 @@ def global_rows_fwd(
     real = replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
     dim = tl.arange(0, BLOCK_D)
     dim_ok = dim < D
-    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, real[:, None] & dim_ok[None, :])  # (BLOCK_G, BLOCK_D)
+    q = load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, real[:, None] & dim_ok[None, :])  # (BLOCK_G, BLOCK_D)
     row_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -157,9 +162,9 @@ def global_rows_bwd(
     dim = tl.arange(0, BLOCK_D)
     dim_ok = dim < D
     row_mask = real[:, None] & dim_ok[None, :]
-    q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_G, BLOCK_D)
-    do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)
-    delta = tl.sum(do * _load_rows(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
+    q = load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_G, BLOCK_D)
+    do = load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)
+    delta = tl.sum(do * load_rows(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
     lse = tl.load(LSE + bh * num_queries + rows, mask=real, other=0.0)
     dk = DK + b * sdk_b + h * sdk_h
     dv = DV + b * sdv_b + h * sdv_h

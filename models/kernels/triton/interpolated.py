@@ -27,8 +27,9 @@ import triton.language as tl
 from torch import Tensor
 
 from ..global_rows import replace_global_rows
-from .gathered import _load_rows, _query_block
+from .gathered import _query_block
 from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, is_real, key_tables
+from .global_rows import load_rows as _load_rows
 from .global_rows import replaced_rows as _replaced
 from .global_rows import scatter_rows as _scatter_rows
 from .launch import check_dtypes, query_tile_meta, row_strides

@@ -1,14 +1,15 @@
-"""Edge attention's `global_rows`: the first queries' dense rows as part of the primitive. The Triton kernels compute
-them in programs of their own (CUDA's path: run by Triton's interpreter on CPU, compiled on CUDA under the `gpu`
-marker); the reference replaces the rows after the edge attention (`kernels.interpolated.replace_global_rows`, what
-`ZooAttention.with_global_rows` does). Outputs and every gradient must agree, padding and int32 edge lists included."""
+"""`global_rows` of edge and gathered attention: the first queries' dense rows as part of the primitive. The Triton
+kernels compute them in programs of their own (CUDA's path: run by Triton's interpreter on CPU, compiled on CUDA under
+the `gpu` marker); the reference replaces the rows after the method's output (`kernels.global_rows`, what
+`ZooAttention.with_global_rows` does). Outputs and every gradient must agree, padding and int32 edge lists included.
+(A²-Former's interpolated kernels share the same global-row programs: `test_interpolated_attention.py`.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from attnzoo.kernels import dense_masked_attention, edge_attention
+from attnzoo.kernels import dense_masked_attention, edge_attention, gathered_attention
 
 pytest.importorskip("triton")
 
@@ -41,6 +42,10 @@ def _run(backend: str, tensors, rows, cols, key_valid, global_rows: int, grad_se
         q, k, v, rows, cols, logit_bias=bias, edge_weight=weight, sorted_rows=True, global_rows=global_rows,
         key_valid=key_valid, backend=backend,
     )  # fmt: skip
+    return _backward(out, leaves, grad_seed)
+
+
+def _backward(out, leaves, grad_seed: int):
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed)).to(out.device, out.dtype)
     out.backward(grad)
     return out.detach(), [leaf.grad for leaf in leaves]
@@ -111,3 +116,55 @@ def test_global_rows_reject_inputs_they_do_not_fit():
         edge_attention(q, k, v, rows, cols, global_rows=-1)
     with pytest.raises(ValueError, match="key_valid must be bool of shape"):
         edge_attention(q, k, v, rows, cols, global_rows=1, key_valid=key_valid[:, :-1])
+
+
+SLOTS = 6
+
+
+def _slot_inputs(device: str, dtype: torch.dtype, seed: int = 0):
+    """Head-split q, k, v read from token-major projections, each query's `SLOTS` sampled keys (some invalid, as
+    Smart Bird's unused slots) with an fp32 logit bias, and the key mask of `_inputs`."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, N, H, D, generator=g).transpose(1, 2).to(device, dtype) for _ in range(3))
+    idx = torch.randint(0, N, (B, H, N, SLOTS), generator=g)
+    valid = torch.rand(B, H, N, SLOTS, generator=g) < 0.8
+    bias = torch.randn(B, H, N, SLOTS, generator=g)
+    key_valid = torch.ones(B, N, dtype=torch.bool)
+    key_valid[1, -5:] = False
+    key_valid[1, 1] = False
+    valid &= key_valid[:, None, None, :].expand(-1, H, N, -1).gather(3, idx)
+    return (q, k, v, bias.to(device)), idx.to(device), valid.to(device), key_valid.to(device)
+
+
+def _run_slots(backend: str, tensors, idx, valid, key_valid, global_rows: int, grad_seed: int = 1):
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    q, k, v, bias = leaves
+    out = gathered_attention(
+        q, k, v, idx, valid, logit_bias=bias, global_rows=global_rows, key_valid=key_valid, backend=backend
+    )
+    return _backward(out, leaves, grad_seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 6e-2)])
+@pytest.mark.parametrize("global_rows", [0, 1, 3, 17])
+def test_gathered_global_rows_in_the_kernels_equal_the_reference(device, dtype, atol, global_rows):
+    """None, one, three, and more than the kernels take (17: replaced after the kernel)."""
+    tensors, idx, valid, key_valid = _slot_inputs(device, dtype)
+    out, grads = _run_slots("triton", tensors, idx, valid, key_valid, global_rows)
+    ref_out, ref_grads = _run_slots(
+        "reference", [t.float().cpu() for t in tensors], idx.cpu(), valid.cpu(), key_valid.cpu(), global_rows
+    )
+    torch.testing.assert_close(out.float().cpu(), ref_out, atol=atol, rtol=atol)
+    for name, grad, ref in zip(("q", "k", "v", "logit_bias"), grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad.float().cpu(), ref, atol=atol, rtol=atol, msg=lambda m, n=name: f"{n}: {m}")
+    # the kernels' output in token-major memory (the heads merge as a view), dq, dk and dv in the inputs' layout
+    assert out.transpose(1, 2).is_contiguous() or global_rows > 16
+    for grad, tensor in zip(grads[:3], tensors[:3], strict=True):
+        assert grad.stride() == tensor.stride()
+    if global_rows:  # a replaced row's slots get no gradient; the others do
+        real = key_valid[:, :global_rows]  # (B, g)
+        replaced = torch.zeros(B, N, dtype=torch.bool, device=real.device)
+        replaced[:, :global_rows] = real
+        replaced = replaced[:, None, :, None].expand(-1, H, -1, SLOTS)
+        assert torch.all(grads[3][replaced] == 0) and grads[3][~replaced].abs().sum() > 0
