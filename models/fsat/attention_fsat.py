@@ -495,11 +495,13 @@ class FSATAttention(ZooAttention):
             scale=self.scaling,
             dropout_p=self.dropout,
             training=self.training,
+            # The global queries' dense rows of `with_global_rows`, in the Triton kernels on the CUDA path.
+            global_rows=True,
             backend=self.config.attention_backend,
         )
         # The fraction of each example's real (query, key) pairs joined by an edge, per head.
         density = pairs / (N * N) if lengths is None else pairs / (lengths.to(pairs.dtype) ** 2).clamp(min=1)[:, None]
-        return AttentionOutput(hidden_states=out, density=density)
+        return AttentionOutput(hidden_states=out, density=density, global_rows_done=True)
 
     def attend_with_weights(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mean: torch.Tensor, valid: torch.Tensor | None, g: int
