@@ -590,7 +590,7 @@ def key_slot_attention(
     check_key_slots(
         q, k, v, query, mean, key_valid, num_graph_slots, num_global, global_softmax, slot_keep, global_keep,
         global_rows,
-    )
+    )  # fmt: skip
     if training and dropout_p > 0.0:
         if slot_keep is None:
             slot_keep = sample_keep_mask(tuple(query.shape), dropout_p, q.device)

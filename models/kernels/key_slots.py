@@ -9,6 +9,8 @@ of a key are the graph's, the others exploration. The first `g` keys are global:
 per group (the graph; the exploration slots; with
 `global_softmax="own"` the global keys, which otherwise join the graph's), its output is the sum over the groups of
 `sum_e dropout(softmax(scale <q_i, k_j>))_e rho_e v_j`. Duplicate edges count separately.
+With `global_rows`, the rows of the real global queries (the first `g`) are then replaced by dense attention over
+every real key, as `ZooAttention.with_global_rows` does (the method's output at a replaced row gets no gradient).
 
 The fixed layout needs no compaction (no host sync, static shapes): the slots *are* the key-major order, and one sort
 of their query rows gives the query-major order. The implementations (dispatch in [`attnzoo.kernels.dispatch`]):
@@ -25,8 +27,8 @@ import torch
 from torch import Tensor
 
 from .edgelist import check_one_dtype, edge_attention_reference_with_mask, edge_attention_with_mask
+from .global_rows import replace_global_rows
 from .indexing import flatten_heads, unflatten_heads
-from .interpolated import replace_global_rows
 
 #: Values of `global_softmax`: the global keys in a softmax of their own, or in the graph's.
 GLOBAL_SOFTMAXES = ("own", "shared")
@@ -111,7 +113,7 @@ def check_key_slots(
     if not 0 <= num_global <= N:
         raise ValueError(f"num_global must be in [0, {N}], got {num_global}")
     if not isinstance(global_rows, bool):
-        raise ValueError(f"global_rows must be a bool (the rows replaced are the first num_global), got {global_rows!r}")
+        raise ValueError(f"global_rows must be a bool (it replaces the first num_global rows), got {global_rows!r}")
     if global_softmax not in GLOBAL_SOFTMAXES:
         raise ValueError(f"global_softmax must be one of {GLOBAL_SOFTMAXES}, got {global_softmax!r}")
     keeps = (("slot_keep", slot_keep, query.shape), ("global_keep", global_keep, (B, H, N, num_global)))
@@ -186,7 +188,7 @@ def key_slot_attention_torch(
 ) -> tuple[Tensor, Tensor]:
     """[`attnzoo.kernels.key_slot_attention`] through the edge-list kernels: the live slots and the global pairs as
     one edge list, query row `group * B*H*N + row` per softmax group, the queries repeated once per group; with
-    `global_rows`, [`~attnzoo.kernels.interpolated.replace_global_rows`] after them (the method's output at a
+    `global_rows`, [`~attnzoo.kernels.global_rows.replace_global_rows`] after them (the method's output at a
     replaced row then gets no gradient).
 
     Args:
@@ -235,4 +237,3 @@ def key_slot_attention_torch(
         rows = {"scale": scale, "dropout_p": dropout_p, "training": training}
         out = replace_global_rows(out, q, k, v, key_valid, num_global, **rows)
     return out, key_slot_pair_count(query, key_valid, num_global)
-

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnzoo.kernels import key_slot_attention
-from attnzoo.kernels.interpolated import replace_global_rows
+from attnzoo.kernels.global_rows import replace_global_rows
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests (CUDA: tests/gpu)")
@@ -50,7 +50,7 @@ CASES = [
     pytest.param({"num_global": 1}, False, torch.float32, id="g1"),
     pytest.param({"num_global": 1}, True, torch.float32, id="g1-padded"),
     pytest.param({"num_global": 3}, True, torch.float32, id="g3-padded"),
-    pytest.param({"num_global": 3, "global_softmax": "shared", "truncate": True}, False, torch.float32, id="g3-shared"),
+    pytest.param({"num_global": 3, "global_softmax": "shared", "truncate": True}, False, torch.float32, id="shared"),
     pytest.param({"num_global": 3}, True, torch.bfloat16, id="g3-padded-bf16"),
     pytest.param({"num_global": 1}, False, torch.bfloat16, id="g1-bf16"),
     pytest.param({"num_global": 2, "dropout_p": 0.3, "training": True}, True, torch.float32, id="dropout-fallback"),
@@ -83,8 +83,10 @@ def test_the_reference_replaces_the_real_global_rows_and_their_slots_get_no_grad
     out, _, grads = run("reference", slots, global_rows=True, **kwargs)
     rows = {"scale": 0.4, "dropout_p": 0.0, "training": False}
     torch.testing.assert_close(out, replace_global_rows(plain, q, k, v, valid, num_global, **rows), rtol=0, atol=0)
-    replaced = (query >= 0) & (query < num_global) & valid[:, None, None, :].expand(B, H, N, N).gather(
-        3, query.clamp(min=0).long()
+    replaced = (
+        (query >= 0)
+        & (query < num_global)
+        & valid[:, None, None, :].expand(B, H, N, N).gather(3, query.clamp(min=0).long())
     )
     assert bool(replaced.any())
     assert torch.equal(grads[3][replaced], torch.zeros_like(grads[3][replaced]))

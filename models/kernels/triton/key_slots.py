@@ -18,6 +18,14 @@ host sync. Three kernels:
   come from a small reduction kernel run before it (one partial sum per chunk of queries, `(chunks, 2, B*H, g, d)`,
   which the key-major kernel adds up: no atomics, no zero-filled buffer).
 
+With `global_rows` (FSAT's global queries' dense rows, `ZooAttention.with_global_rows` inside the primitive), the
+forward and the query-major backward run `B*H` extra programs first, one per (batch, head), each over the `g <= 16`
+global queries against every real key in tiles (as `global_rows.py`'s, reading the padding mask itself: no table):
+the forward stores their rows and a log-sum-exp per row of its own `(B*H, g)`, the backward their dQ and
+`delta = rowsum(dO * O)` `(B*H, g)`; the key-major kernel adds their dK and dV per key from those (no atomics). A
+replaced row's own program skips its output, takes its dO as zero (so that its slots get no gradient) and leaves
+its dQ to them.
+
 q, k, v and dO are read through their strides (the heads' transposed views need no copy), and dQ, dK, dV and the
 output are written in the layout of q, k, v.
 """
@@ -31,7 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..interpolated import replace_global_rows
+from ..global_rows import replace_global_rows
 from .global_rows import BLOCK_N as GLOBAL_BLOCK_N
 from .global_rows import MAX_FUSED_GLOBALS
 from .launch import block_d, check_dtypes, row_strides
@@ -270,9 +278,10 @@ def _global_rows_dkv(
     if HAS_VALID:
         key_ok = key_ok & (tl.load(VALID + b * N + j, mask=ok, other=0) != 0)
     mask = key_ok[:, None] & dim_ok[None, :]
-    k_rows = tl.load(K + b[:, None] * sk_b + h[:, None] * sk_h + j[:, None] * sk_n + dim[None, :], mask=mask, other=0.0)
-    v_rows = tl.load(V + b[:, None] * sv_b + h[:, None] * sv_h + j[:, None] * sv_n + dim[None, :], mask=mask, other=0.0)
-    k_rows, v_rows = k_rows.to(tl.float32), v_rows.to(tl.float32)
+    k_ptr = K + b[:, None] * sk_b + h[:, None] * sk_h + j[:, None] * sk_n + dim[None, :]
+    v_ptr = V + b[:, None] * sv_b + h[:, None] * sv_h + j[:, None] * sv_n + dim[None, :]
+    k_rows = tl.load(k_ptr, mask=mask, other=0.0).to(tl.float32)
+    v_rows = tl.load(v_ptr, mask=mask, other=0.0).to(tl.float32)
     for r in range(0, G):
         live = key_ok
         if HAS_VALID:  # a padded global position is no global query
@@ -355,7 +364,7 @@ def _row_fwd(
     out = acc0 * inv0 + acc1 * inv1 + acc2 * inv2
     # A real global query's row is the global-row programs' (everything else of the row is still stored: its
     # log-sum-exps, pair count, row pointers and order).
-    kept = ~_replaced(VALID, b, i + one, N, G, GLOBAL_ROWS, HAS_VALID)  # (1,): a scalar meets an interpreter bug in `&`
+    kept = ~_replaced(VALID, b, i + one, N, G, GLOBAL_ROWS, HAS_VALID)  # (1,): a scalar meets an interpreter bug
     tl.store(OUT + b * so_b + h * so_h + i * so_n + dim, out.to(OUT.dtype.element_ty), mask=dim_ok & kept)
     tl.store(LSE + pid * 3 + one, lse0)
     tl.store(LSE + pid * 3 + 1 + one, lse1)
@@ -408,7 +417,7 @@ def _row_bwd(
     one = tl.arange(0, 1)
     # A replaced row's output reaches nothing: its dO is taken as zero (zero score, prediction and p * factor
     # entries for its slots and global keys), and its dQ is the global-row programs'.
-    kept = ~_replaced(VALID, b, i + one, N, G, GLOBAL_ROWS, HAS_VALID)  # (1,): a scalar meets an interpreter bug in `&`
+    kept = ~_replaced(VALID, b, i + one, N, G, GLOBAL_ROWS, HAS_VALID)  # (1,): a scalar meets an interpreter bug
     q = tl.load(Q + b * sq_b + h * sq_h + i * sq_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
     do = tl.load(DO + b * sdo_b + h * sdo_h + i * sdo_n + dim, mask=dim_ok & kept, other=0.0).to(tl.float32)
     start = tl.load(CROW + bh * (N + 1) + i)
@@ -752,7 +761,7 @@ def key_slot_attention_triton(
     With `global_rows`, the global queries' dense rows run in the kernels (one extra program per (batch, head),
     started first; their dK and dV join the key-major pass), except with dropout in training, whose mask on the rows
     must come from the global RNG as the reference draws it, and beyond 16 global tokens: then
-    [`~attnzoo.kernels.interpolated.replace_global_rows`] follows the kernel.
+    [`~attnzoo.kernels.global_rows.replace_global_rows`] follows the kernel.
 
     Returns:
         The output `(B, H, N, d)` and the distinct pair count `(B, H)` float.
