@@ -17,7 +17,8 @@ Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.m
    renormalisation), through the kernel layer's key-slot attention (`attnzoo.kernels.key_slot_attention`): the edges
    stay in fixed slots per key, `-1` where dropped, so that selecting them needs no host sync. The confidence
    gradient can be truncated to `(-inf, 0]`. The training-only exploration edges of a query have a softmax of their
-   own (ours, see `sparse_attend`).
+   own (ours, see `sparse_attend`). The global queries' dense rows come from the same call (`global_rows=True`):
+   the Triton kernels compute them in programs of their own.
 """
 
 from __future__ import annotations
