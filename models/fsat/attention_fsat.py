@@ -17,7 +17,8 @@ Per layer (reconstruction of the garbled paper formulas, see `model_cards/fsat.m
    renormalisation), through the kernel layer's key-slot attention (`attnzoo.kernels.key_slot_attention`): the edges
    stay in fixed slots per key, `-1` where dropped, so that selecting them needs no host sync. The confidence
    gradient can be truncated to `(-inf, 0]`. The training-only exploration edges of a query have a softmax of their
-   own (ours, see `sparse_attend`).
+   own (ours, see `sparse_attend`). The global queries' dense rows come from the same call (`global_rows=True`):
+   the Triton kernels compute them in programs of their own.
 """
 
 from __future__ import annotations
@@ -495,11 +496,13 @@ class FSATAttention(ZooAttention):
             scale=self.scaling,
             dropout_p=self.dropout,
             training=self.training,
+            # The global queries' dense rows of `with_global_rows`, in the Triton kernels on the CUDA path.
+            global_rows=True,
             backend=self.config.attention_backend,
         )
         # The fraction of each example's real (query, key) pairs joined by an edge, per head.
         density = pairs / (N * N) if lengths is None else pairs / (lengths.to(pairs.dtype) ** 2).clamp(min=1)[:, None]
-        return AttentionOutput(hidden_states=out, density=density)
+        return AttentionOutput(hidden_states=out, density=density, global_rows_done=True)
 
     def attend_with_weights(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mean: torch.Tensor, valid: torch.Tensor | None, g: int

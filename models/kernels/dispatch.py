@@ -543,6 +543,7 @@ def key_slot_attention(
     training: bool = False,
     slot_keep: Tensor | None = None,
     global_keep: Tensor | None = None,
+    global_rows: bool = False,
     backend: str = "fast",
 ) -> tuple[Tensor, Tensor]:
     """Attention along edges that each key names in fixed slots, with Gaussian confidences (FSAT).
@@ -578,6 +579,11 @@ def key_slot_attention(
         slot_keep (`torch.BoolTensor` of shape `(B, H, N, S)`, *optional*): dropout keep-mask of the slots.
         global_keep (`torch.BoolTensor` of shape `(B, H, N, num_global)`, *optional*): keep-mask of the global
             edges, per query.
+        global_rows (`bool`, *optional*, defaults to `False`): also replace the rows of the real global queries (the
+            first `num_global`; a padded global position keeps its row) by dense softmax attention over every real
+            key, scale `scale`, as `ZooAttention.with_global_rows` does (with dropout in training, drawn after the
+            slots' masks); the method's output at a replaced row then gets no gradient. The Triton implementation
+            computes them in its kernels (outside them with dropout in training or beyond 16 global tokens).
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -585,8 +591,9 @@ def key_slot_attention(
         edge `(B, H)` (float).
     """
     check_key_slots(
-        q, k, v, query, mean, key_valid, num_graph_slots, num_global, global_softmax, slot_keep, global_keep
-    )
+        q, k, v, query, mean, key_valid, num_graph_slots, num_global, global_softmax, slot_keep, global_keep,
+        global_rows,
+    )  # fmt: skip
     if training and dropout_p > 0.0:
         if slot_keep is None:
             slot_keep = sample_keep_mask(tuple(query.shape), dropout_p, q.device)
@@ -604,6 +611,8 @@ def key_slot_attention(
         "slot_keep": slot_keep,
         "global_keep": global_keep,
         "dropout_p": dropout_p,
+        "global_rows": global_rows,
+        "training": training,
     }
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
     if implementation == "triton":

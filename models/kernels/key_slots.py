@@ -9,6 +9,8 @@ of a key are the graph's, the others exploration. The first `g` keys are global:
 per group (the graph; the exploration slots; with
 `global_softmax="own"` the global keys, which otherwise join the graph's), its output is the sum over the groups of
 `sum_e dropout(softmax(scale <q_i, k_j>))_e rho_e v_j`. Duplicate edges count separately.
+With `global_rows`, the rows of the real global queries (the first `g`) are then replaced by dense attention over
+every real key, as `ZooAttention.with_global_rows` does (the method's output at a replaced row gets no gradient).
 
 The fixed layout needs no compaction (no host sync, static shapes): the slots *are* the key-major order, and one sort
 of their query rows gives the query-major order. The implementations (dispatch in [`attnzoo.kernels.dispatch`]):
@@ -25,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .edgelist import check_one_dtype, edge_attention_reference_with_mask, edge_attention_with_mask
+from .global_rows import replace_global_rows
 from .indexing import flatten_heads, unflatten_heads
 
 #: Values of `global_softmax`: the global keys in a softmax of their own, or in the graph's.
@@ -85,6 +88,7 @@ def check_key_slots(
     global_softmax: str,
     slot_keep: Tensor | None,
     global_keep: Tensor | None,
+    global_rows: bool = False,
 ) -> None:
     """Raise a `ValueError` / `TypeError` / `IndexError` naming what is wrong with the arguments of
     [`attnzoo.kernels.key_slot_attention`]. Reads the slots on the host on a CPU only (a sync on an accelerator)."""
@@ -108,6 +112,8 @@ def check_key_slots(
         raise ValueError(f"num_graph_slots must be in [0, {query.shape[-1]}], got {num_graph_slots}")
     if not 0 <= num_global <= N:
         raise ValueError(f"num_global must be in [0, {N}], got {num_global}")
+    if not isinstance(global_rows, bool):
+        raise ValueError(f"global_rows must be a bool (it replaces the first num_global rows), got {global_rows!r}")
     if global_softmax not in GLOBAL_SOFTMAXES:
         raise ValueError(f"global_softmax must be one of {GLOBAL_SOFTMAXES}, got {global_softmax!r}")
     keeps = (("slot_keep", slot_keep, query.shape), ("global_keep", global_keep, (B, H, N, num_global)))
@@ -177,9 +183,13 @@ def key_slot_attention_torch(
     global_keep: Tensor | None,
     dropout_p: float,
     reference: bool,
+    global_rows: bool = False,
+    training: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """[`attnzoo.kernels.key_slot_attention`] through the edge-list kernels: the live slots and the global pairs as
-    one edge list, query row `group * B*H*N + row` per softmax group, the queries repeated once per group.
+    one edge list, query row `group * B*H*N + row` per softmax group, the queries repeated once per group; with
+    `global_rows`, [`~attnzoo.kernels.global_rows.replace_global_rows`] after them (the method's output at a
+    replaced row then gets no gradient).
 
     Args:
         reference (`bool`): the plain-autograd edge kernel (the truth), else the CSR Functions.
@@ -222,4 +232,8 @@ def key_slot_attention_torch(
     else:
         flat = edge_attention_with_mask(q_flat, k_flat, v_flat, rows, cols, sorted_rows=False, **kwargs)
     flat = flat.view(num_groups, num_rows, -1).sum(0)  # per query: the sum of its groups' outputs
-    return unflatten_heads(flat, B, H, N), key_slot_pair_count(query, key_valid, num_global)
+    out = unflatten_heads(flat, B, H, N)
+    if global_rows and num_global:
+        rows = {"scale": scale, "dropout_p": dropout_p, "training": training}
+        out = replace_global_rows(out, q, k, v, key_valid, num_global, **rows)
+    return out, key_slot_pair_count(query, key_valid, num_global)

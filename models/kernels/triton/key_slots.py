@@ -18,6 +18,14 @@ host sync. Three kernels:
   come from a small reduction kernel run before it (one partial sum per chunk of queries, `(chunks, 2, B*H, g, d)`,
   which the key-major kernel adds up: no atomics, no zero-filled buffer).
 
+With `global_rows` (FSAT's global queries' dense rows, `ZooAttention.with_global_rows` inside the primitive), the
+forward and the query-major backward run `B*H` extra programs first, one per (batch, head), each over the `g <= 16`
+global queries against every real key in tiles (as `global_rows.py`'s, reading the padding mask itself: no table):
+the forward stores their rows and a log-sum-exp per row of its own `(B*H, g)`, the backward their dQ and
+`delta = rowsum(dO * O)` `(B*H, g)`; the key-major kernel adds their dK and dV per key from those (no atomics). A
+replaced row's own program skips its output, takes its dO as zero (so that its slots get no gradient) and leaves
+its dQ to them.
+
 q, k, v and dO are read through their strides (the heads' transposed views need no copy), and dQ, dK, dV and the
 output are written in the layout of q, k, v.
 """
@@ -31,6 +39,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..global_rows import replace_global_rows
+from .global_rows import BLOCK_N as GLOBAL_BLOCK_N
+from .global_rows import MAX_FUSED_GLOBALS
 from .launch import block_d, check_dtypes, row_strides
 from .launch import pointer_or as _or
 
@@ -157,15 +168,147 @@ def _lower_bound(SORTED, length, target):
 
 
 @triton.jit
-def _slots_fwd(
-    Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS,
+def _replaced(VALID, b, rows, N, G, GLOBAL_ROWS: tl.constexpr, HAS_VALID: tl.constexpr):
+    """Which of `rows` (a vector of positions of example `b`) are real global queries, whose outputs the global-row
+    programs compute (none without GLOBAL_ROWS)."""
+    if GLOBAL_ROWS:
+        head = rows < G
+        if HAS_VALID:
+            head = head & (tl.load(VALID + b * N + rows, mask=head, other=0) != 0)
+        return head
+    return rows < 0
+
+
+@triton.jit
+def _dense_key_tile(
+    K, V, VALID, q, b, h, keys, dim, dim_ok, N, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_VALID: tl.constexpr
+):
+    """A tile of keys of the global rows' loops: the real keys, their key and value rows `(BLOCK_N, BLOCK_D)` (zero
+    elsewhere) and the scaled scores `(BLOCK_R, BLOCK_N)` of the rows `q`."""
+    key_ok = keys < N
+    if HAS_VALID:
+        key_ok = key_ok & (tl.load(VALID + b * N + keys, mask=key_ok, other=0) != 0)
+    mask = key_ok[:, None] & dim_ok[None, :]
+    k_tile = _gather(K, sk_b, sk_h, sk_n, b, h, keys, dim, mask)
+    v_tile = _gather(V, sv_b, sv_h, sv_n, b, h, keys, dim, mask)
+    scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale
+    return key_ok, k_tile, v_tile, scores
+
+
+@triton.jit
+def _global_rows_fwd(
+    bh, Q, K, V, VALID, OUT, GLSE, H, N, G, scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, HAS_VALID: tl.constexpr,
+):  # fmt: skip
+    """The `G <= BLOCK_R` global queries of one (batch, head): dense softmax attention over every real key (online
+    softmax over key tiles), stored over the rows of the real ones, with their log-sum-exps `GLSE` `(B*H, G)`.
+    (`global_rows.global_rows_fwd`, reading the padding mask itself instead of a table of real keys.)"""
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, BLOCK_R)
+    real = _replaced(VALID, b, rows, N, G, True, HAS_VALID)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    row_mask = real[:, None] & dim_ok[None, :]
+    q = _gather(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_R, BLOCK_D)
+    row_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    for start in range(0, N, BLOCK_N):
+        key_ok, _, v_tile, scores = _dense_key_tile(
+            K, V, VALID, q, b, h, start + lanes, dim, dim_ok, N, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_VALID
+        )
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(row_max, tl.max(scores, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(row_max - shift)
+        p = tl.exp(scores - shift[:, None])
+        row_sum = row_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p, v_tile, input_precision="ieee")
+        row_max = m_new
+    has_mass = row_sum > 0.0
+    out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
+    o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
+    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_mask)
+    lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
+    tl.store(GLSE + bh * G + rows, lse, mask=real)
+
+
+@triton.jit
+def _global_rows_dq(
+    bh, Q, K, V, VALID, OUT, DO, GLSE, GDELTA, DQ, H, N, G, scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n, sdq_b, sdq_h, sdq_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, HAS_VALID: tl.constexpr,
+):  # fmt: skip
+    """Backward of the global rows of one (batch, head): their dQ, and their `delta = rowsum(dO * O)` `GDELTA`
+    `(B*H, G)` for the key-major kernel, which adds their dK and dV."""
+    b, h = bh // H, bh % H
+    rows = tl.arange(0, BLOCK_R)
+    real = _replaced(VALID, b, rows, N, G, True, HAS_VALID)
+    dim = tl.arange(0, BLOCK_D)
+    dim_ok = dim < D
+    row_mask = real[:, None] & dim_ok[None, :]
+    q = _gather(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_R, BLOCK_D)
+    do = _gather(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)
+    delta = tl.sum(do * _gather(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
+    tl.store(GDELTA + bh * G + rows, delta, mask=real)
+    lse = tl.load(GLSE + bh * G + rows, mask=real, other=0.0)
+    dq = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    for start in range(0, N, BLOCK_N):
+        key_ok, k_tile, v_tile, scores = _dense_key_tile(
+            K, V, VALID, q, b, h, start + lanes, dim, dim_ok, N, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_VALID
+        )
+        p = tl.where(real[:, None] & key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
+        grad_p = tl.dot(do, tl.trans(v_tile), input_precision="ieee")
+        dq += tl.dot(p * (grad_p - delta[:, None]) * scale, k_tile, input_precision="ieee")
+    dq_ptr = DQ + b * sdq_b + h * sdq_h + rows[:, None].to(tl.int64) * sdq_n + dim[None, :]
+    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _global_rows_dkv(
+    dk, dv, Q, K, V, DO, VALID, GLSE, GDELTA, ok, bh, b, h, j, dim, dim_ok, N, G, scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, HAS_VALID: tl.constexpr,
+):  # fmt: skip
+    """`dk`, `dv` `(BLOCK_K, BLOCK_D)` of a block of keys (lanes `ok`, each of its own (b, h)) plus the `G` global
+    rows' parts: `sum_r dS_rj q_r` and `sum_r p_rj dO_r`, the probabilities recomputed from the rows' lse."""
+    key_ok = ok
+    if HAS_VALID:
+        key_ok = key_ok & (tl.load(VALID + b * N + j, mask=ok, other=0) != 0)
+    mask = key_ok[:, None] & dim_ok[None, :]
+    k_ptr = K + b[:, None] * sk_b + h[:, None] * sk_h + j[:, None] * sk_n + dim[None, :]
+    v_ptr = V + b[:, None] * sv_b + h[:, None] * sv_h + j[:, None] * sv_n + dim[None, :]
+    k_rows = tl.load(k_ptr, mask=mask, other=0.0).to(tl.float32)
+    v_rows = tl.load(v_ptr, mask=mask, other=0.0).to(tl.float32)
+    for r in range(0, G):
+        live = key_ok
+        if HAS_VALID:  # a padded global position is no global query
+            live = live & (tl.load(VALID + b * N + r, mask=key_ok, other=0) != 0)
+        mask = live[:, None] & dim_ok[None, :]
+        q_r = tl.load(Q + b[:, None] * sq_b + h[:, None] * sq_h + r * sq_n + dim[None, :], mask=mask, other=0.0)
+        do_r = tl.load(DO + b[:, None] * sdo_b + h[:, None] * sdo_h + r * sdo_n + dim[None, :], mask=mask, other=0.0)
+        q_r, do_r = q_r.to(tl.float32), do_r.to(tl.float32)
+        lse = tl.load(GLSE + bh * G + r, mask=live, other=0.0)
+        delta = tl.load(GDELTA + bh * G + r, mask=live, other=0.0)
+        p = tl.where(live, tl.exp(tl.sum(k_rows * q_r, 1) * scale - lse), 0.0)
+        grad_s = p * (tl.sum(v_rows * do_r, 1) - delta) * scale
+        dk += grad_s[:, None] * q_r
+        dv += p[:, None] * do_r
+    return dk, dv
+
+
+@triton.jit
+def _row_fwd(
+    pid, Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS,
     H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
-    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
+    """One query row's edges and global keys (the row `pid = (b*H + h)*N + i`)."""
     bh, b, h, i = _row_of(pid, N, H)
     dim = tl.arange(0, BLOCK_D)
     dim_ok = dim < D
@@ -219,7 +362,10 @@ def _slots_fwd(
     inv1, lse1 = _finish(m1, l1)
     inv2, lse2 = _finish(m2, l2)
     out = acc0 * inv0 + acc1 * inv1 + acc2 * inv2
-    tl.store(OUT + b * so_b + h * so_h + i * so_n + dim, out.to(OUT.dtype.element_ty), mask=dim_ok)
+    # A real global query's row is the global-row programs' (everything else of the row is still stored: its
+    # log-sum-exps, pair count, row pointers and order).
+    kept = ~_replaced(VALID, b, i + one, N, G, GLOBAL_ROWS, HAS_VALID)  # (1,): a scalar meets an interpreter bug
+    tl.store(OUT + b * so_b + h * so_h + i * so_n + dim, out.to(OUT.dtype.element_ty), mask=dim_ok & kept)
     tl.store(LSE + pid * 3 + one, lse0)
     tl.store(LSE + pid * 3 + 1 + one, lse1)
     tl.store(LSE + pid * 3 + 2 + one, lse2)
@@ -227,24 +373,57 @@ def _slots_fwd(
 
 
 @triton.jit
-def _slots_bwd_rows(
-    Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, DO, LSE, DQ, DS, PW, DMEAN, DSG, PG,
+def _slots_fwd(
+    Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS, GLSE,
+    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, global_programs,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
+    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # The global-row programs (one per (batch, head), only with GLOBAL_ROWS) come first: their loops over every key
+    # start early and overlap the many short row programs.
+    pid = tl.program_id(0).to(tl.int64)
+    if pid < global_programs:
+        if GLOBAL_ROWS:
+            _global_rows_fwd(
+                pid, Q, K, V, VALID, OUT, GLSE, H, N, G, scale,
+                sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+                D, BLOCK_D, BLOCK_R, BLOCK_N, HAS_VALID,
+            )  # fmt: skip
+    else:
+        _row_fwd(
+            pid - global_programs, Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE,
+            PAIRS, H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+            D, BLOCK_D, BLOCK_E, BLOCK_G, HAS_SKEEP, HAS_GKEEP, HAS_VALID, HAS_GLOBAL, OWN_GLOBAL, GLOBAL_ROWS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _row_bwd(
+    pid, Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, DO, LSE, DQ, DS, PW, DMEAN, DSG, PG,
     H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, sdq_b, sdq_h, sdq_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
-    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
+    """Backward of one query row (`pid = (b*H + h)*N + i`)."""
     bh, b, h, i = _row_of(pid, N, H)
     dim = tl.arange(0, BLOCK_D)
     dim_ok = dim < D
+    one = tl.arange(0, 1)
+    # A replaced row's output reaches nothing: its dO is taken as zero (zero score, prediction and p * factor
+    # entries for its slots and global keys), and its dQ is the global-row programs'.
+    kept = ~_replaced(VALID, b, i + one, N, G, GLOBAL_ROWS, HAS_VALID)  # (1,): a scalar meets an interpreter bug
     q = tl.load(Q + b * sq_b + h * sq_h + i * sq_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + i * sdo_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdo_b + h * sdo_h + i * sdo_n + dim, mask=dim_ok & kept, other=0.0).to(tl.float32)
     start = tl.load(CROW + bh * (N + 1) + i)
     end = tl.load(CROW + bh * (N + 1) + i + 1)
     i_f = i.to(tl.float32)
-    one = tl.arange(0, 1)
+    kept_f = tl.where(kept, 1.0, 0.0)
     lse0 = tl.load(LSE + pid * 3 + one)
     lse1 = tl.load(LSE + pid * 3 + 1 + one)
     lse2 = tl.load(LSE + pid * 3 + 2 + one)
@@ -290,7 +469,7 @@ def _slots_bwd_rows(
         ds = tl.where(ok, p * (grad_final * keep * conf - tl.where(graph, delta0, delta1)), 0.0)
         dq += tl.sum(ds[:, None] * k_rows, 0) * scale
         tl.store(DS + slot_id, ds * scale, mask=ok)
-        tl.store(PW + slot_id, p * keep * conf, mask=ok)
+        tl.store(PW + slot_id, p * keep * conf * kept_f, mask=ok)
         # d loss / d confidence = p * keep * <dO, v>; the truncation keeps its non-positive part.
         grad_conf = p * keep * grad_final
         if TRUNCATE:
@@ -309,8 +488,37 @@ def _slots_bwd_rows(
             ds = tl.where(ok, p * (tl.sum(v_rows * do[None, :], 1) * factor - delta), 0.0)
             dq += tl.sum(ds[:, None] * k_rows, 0) * scale
             tl.store(DSG + pid * G + key, ds * scale, mask=key < G)
-            tl.store(PG + pid * G + key, tl.where(ok, p * factor, 0.0), mask=key < G)
-    tl.store(DQ + b * sdq_b + h * sdq_h + i * sdq_n + dim, dq.to(DQ.dtype.element_ty), mask=dim_ok)
+            tl.store(PG + pid * G + key, tl.where(ok, p * factor * kept_f, 0.0), mask=key < G)
+    tl.store(DQ + b * sdq_b + h * sdq_h + i * sdq_n + dim, dq.to(DQ.dtype.element_ty), mask=dim_ok & kept)
+
+
+@triton.jit
+def _slots_bwd_rows(
+    Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, OUT, DO, LSE, GLSE, GDELTA, DQ, DS, PW, DMEAN, DSG, PG,
+    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, global_programs,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+    sdq_b, sdq_h, sdq_n,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
+    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    if pid < global_programs:  # first, as in the forward
+        if GLOBAL_ROWS:
+            _global_rows_dq(
+                pid, Q, K, V, VALID, OUT, DO, GLSE, GDELTA, DQ, H, N, G, scale,
+                sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
+                sdq_b, sdq_h, sdq_n, D, BLOCK_D, BLOCK_R, BLOCK_N, HAS_VALID,
+            )  # fmt: skip
+    else:
+        _row_bwd(
+            pid - global_programs, Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, DO, LSE, DQ, DS, PW, DMEAN,
+            DSG, PG, H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, sdq_b, sdq_h, sdq_n,
+            D, BLOCK_D, BLOCK_E, BLOCK_G, HAS_SKEEP, HAS_GKEEP, HAS_VALID, HAS_GLOBAL, OWN_GLOBAL, TRUNCATE,
+            GLOBAL_ROWS,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -344,12 +552,14 @@ def _slots_bwd_global(
 
 @triton.jit
 def _slots_bwd_keys(
-    Q, DO, QUERY, DS, PW, DMEAN, GPART, DK, DV, H, N, S, G, R, BH, CHUNKS,
-    sq_b, sq_h, sq_n, sdo_b, sdo_h, sdo_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n,
+    Q, K, V, DO, QUERY, VALID, DS, PW, DMEAN, GPART, GLSE, GDELTA, DK, DV, H, N, S, G, R, BH, CHUNKS, scale,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, sdk_b, sdk_h, sdk_n,
+    sdv_b, sdv_h, sdv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_GLOBAL: tl.constexpr,
+    HAS_VALID: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
-    """dK and dV of a block of keys from their slots (key-major, no atomics); zero prediction gradients of the
-    dropped slots and of the global keys' slots."""
+    """dK and dV of a block of keys from their slots (key-major, no atomics), and with GLOBAL_ROWS from the `G`
+    global queries' dense rows; zero prediction gradients of the dropped slots and of the global keys' slots."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_K + tl.arange(0, BLOCK_K)  # flat (b*H + h)*N + j
     ok = rows < R
     bh = rows // N
@@ -379,6 +589,11 @@ def _slots_bwd_keys(
         for chunk in range(0, CHUNKS):  # the partial sums over each chunk of queries, in order
             dk += tl.load(GPART + (2 * chunk) * BH * G * D + part, mask=mask, other=0.0)
             dv += tl.load(GPART + (2 * chunk + 1) * BH * G * D + part, mask=mask, other=0.0)
+    if GLOBAL_ROWS:
+        dk, dv = _global_rows_dkv(
+            dk, dv, Q, K, V, DO, VALID, GLSE, GDELTA, ok, bh, b, h, j, dim, dim_ok, N, G, scale,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, HAS_VALID,
+        )  # fmt: skip
     store = ok[:, None] & dim_ok[None, :]
     dk_ptr = DK + b[:, None] * sdk_b + h[:, None] * sdk_h + j[:, None] * sdk_n + dim[None, :]
     dv_ptr = DV + b[:, None] * sdv_b + h[:, None] * sdv_h + j[:, None] * sdv_n + dim[None, :]
@@ -406,14 +621,19 @@ class KeySlotAttentionTriton(torch.autograd.Function):
         order32 = torch.empty(order.shape, dtype=torch.int32, device=q.device)
         lse = torch.empty(num_rows, 3, dtype=torch.float32, device=q.device)
         pairs = torch.empty(num_rows, dtype=torch.int32, device=q.device)
+        # The global rows' own log-sum-exps (B*H, g): FSAT's three per row are the groups'.
+        global_programs = B * H if settings.global_rows else 0
+        glse = torch.empty(global_programs, settings.num_global, dtype=torch.float32, device=q.device)
         if num_rows > 0:
-            _slots_fwd[(num_rows,)](
+            _slots_fwd[(global_programs + num_rows,)](
                 q, k, v, mean, order, queries, crow, order32, _or(slot_keep, query), _or(global_keep, query),
-                _or(valid, query), out, lse, pairs, H, N, query.shape[-1], *settings.runtime(),
-                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
+                _or(valid, query), out, lse, pairs, glse, H, N, query.shape[-1], *settings.runtime(),
+                global_programs, *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
                 **settings.meta(D, slot_keep, global_keep, valid),
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, mean, query, order32, crow, slot_keep, global_keep, valid, lse)
+        # The output is read back only for the global rows' delta = rowsum(dO * O).
+        rows = (out, glse) if settings.global_rows else (None, None)
+        ctx.save_for_backward(q, k, v, mean, query, order32, crow, slot_keep, global_keep, valid, lse, *rows)
         ctx.settings = settings
         ctx.mark_non_differentiable(pairs)
         # No zero-filled gradient for `pairs` (an integer count) on the way back.
@@ -424,7 +644,7 @@ class KeySlotAttentionTriton(torch.autograd.Function):
     # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _grad_pairs):
-        q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse = ctx.saved_tensors
+        q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse, out, glse = ctx.saved_tensors
         if grad_out is None:  # the output reached no loss
             return (None,) * 11
         settings = ctx.settings
@@ -440,13 +660,16 @@ class KeySlotAttentionTriton(torch.autograd.Function):
         chunks = triton.cdiv(N, GLOBAL_CHUNK)
         parts = torch.empty(chunks, 2, B * H, G, D, dtype=torch.float32, device=q.device) if G else per_global
         meta = settings.meta(D, slot_keep, global_keep, valid)
+        global_programs = B * H if settings.global_rows else 0
+        gdelta = torch.empty_like(glse) if settings.global_rows else lse  # the global rows' rowsum(dO * O)
+        glse, out = _or(glse, lse), _or(out, q)
         if num_rows > 0:
-            _slots_bwd_rows[(num_rows,)](
+            _slots_bwd_rows[(global_programs + num_rows,)](
                 q, k, v, mean, order, crow, _or(slot_keep, query), _or(global_keep, query), _or(valid, query),
-                grad_out, lse, dq, per_slot[0], per_slot[1], dmean, per_global[0], per_global[1],
-                H, N, S, *settings.runtime(),
-                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(grad_out), *row_strides(dq),
-                TRUNCATE=settings.truncate, **meta,
+                out, grad_out, lse, glse, gdelta, dq, per_slot[0], per_slot[1], dmean, per_global[0],
+                per_global[1], H, N, S, *settings.runtime(), global_programs,
+                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out), *row_strides(grad_out),
+                *row_strides(dq), TRUNCATE=settings.truncate, **meta,
             )  # fmt: skip
             if G:
                 _slots_bwd_global[(B * H, chunks)](
@@ -455,9 +678,11 @@ class KeySlotAttentionTriton(torch.autograd.Function):
                     D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_Q=BLOCK_Q, CHUNK=GLOBAL_CHUNK, num_warps=NUM_WARPS,
                 )  # fmt: skip
             _slots_bwd_keys[(triton.cdiv(num_rows, BLOCK_K),)](
-                q, grad_out, query, per_slot[0], per_slot[1], dmean, parts, dk, dv, H, N, S, G, num_rows, B * H,
-                chunks, *row_strides(q), *row_strides(grad_out), *row_strides(dk), *row_strides(dv),
-                D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_K=BLOCK_K, HAS_GLOBAL=G > 0, num_warps=NUM_WARPS,
+                q, k, v, grad_out, query, _or(valid, query), per_slot[0], per_slot[1], dmean, parts, glse, gdelta,
+                dk, dv, H, N, S, G, num_rows, B * H, chunks, settings.scale,
+                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(grad_out), *row_strides(dk),
+                *row_strides(dv), D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_K=BLOCK_K, HAS_GLOBAL=G > 0,
+                HAS_VALID=valid is not None, GLOBAL_ROWS=settings.global_rows, num_warps=NUM_WARPS,
             )  # fmt: skip
         return dq, dk, dv, dmean, None, None, None, None, None, None, None
 
@@ -465,8 +690,12 @@ class KeySlotAttentionTriton(torch.autograd.Function):
 class _Settings:
     """The scalars and switches of one call, shared by the forward and backward launches."""
 
-    def __init__(self, *, num_graph_slots, num_global, own_global, scale, keep_scale, variance, normalized, truncate):
+    def __init__(
+        self, *, num_graph_slots, num_global, own_global, scale, keep_scale, variance, normalized, truncate,
+        global_rows=False,
+    ):  # fmt: skip
         self.num_graph_slots, self.num_global, self.own_global = num_graph_slots, num_global, own_global
+        self.global_rows = global_rows  # the global queries' dense rows computed in the kernels
         self.scale, self.keep_scale, self.truncate = scale, keep_scale, truncate
         self.inv_two_var = 1.0 / (2.0 * variance)
         self.norm = 1.0 / math.sqrt(2.0 * math.pi * variance) if normalized else 1.0
@@ -486,6 +715,10 @@ class _Settings:
             "HAS_VALID": valid is not None,
             "HAS_GLOBAL": self.num_global > 0,
             "OWN_GLOBAL": self.own_global,
+            "GLOBAL_ROWS": self.global_rows,
+            # The global rows' programs: up to 16 queries (tl.dot's smallest tile) against key tiles.
+            "BLOCK_R": MAX_FUSED_GLOBALS,
+            "BLOCK_N": GLOBAL_BLOCK_N,
             "num_warps": NUM_WARPS,
         }
 
@@ -519,9 +752,16 @@ def key_slot_attention_triton(
     slot_keep: Tensor | None,
     global_keep: Tensor | None,
     dropout_p: float,
+    global_rows: bool = False,
+    training: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Triton implementation of [`attnzoo.kernels.key_slot_attention`] (arguments as there, checked there; explicit
     keep-masks or None). q, k and v share one dtype among fp32, bf16 and fp16; the output has it too.
+
+    With `global_rows`, the global queries' dense rows run in the kernels (one extra program per (batch, head),
+    started first; their dK and dV join the key-major pass), except with dropout in training, whose mask on the rows
+    must come from the global RNG as the reference draws it, and beyond 16 global tokens: then
+    [`~attnzoo.kernels.global_rows.replace_global_rows`] follows the kernel.
 
     Returns:
         The output `(B, H, N, d)` and the distinct pair count `(B, H)` float.
@@ -529,18 +769,24 @@ def key_slot_attention_triton(
     check_dtypes(q, k, v)
     B, H, N, D = q.shape
     order, queries = query_major_order(query)
+    scale = D**-0.5 if scale is None else float(scale)
+    fused_rows = global_rows and 0 < num_global <= MAX_FUSED_GLOBALS and not (training and dropout_p > 0.0)
     settings = _Settings(
         num_graph_slots=num_graph_slots,
         num_global=num_global,
         own_global=global_softmax == "own" and num_global > 0,
-        scale=D**-0.5 if scale is None else float(scale),
+        scale=scale,
         keep_scale=0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p),
         variance=variance,
         normalized=normalized,
         truncate=truncate,
+        global_rows=fused_rows,
     )
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     views = [None if t is None else t.contiguous().view(torch.uint8) for t in (slot_keep, global_keep, key_valid)]
     mean = mean.to(torch.float32).contiguous()
     out, pairs = KeySlotAttentionTriton.apply(q, k, v, mean, query.contiguous(), order, queries, *views, settings)
+    if global_rows and num_global and not fused_rows:
+        rows = {"scale": scale, "dropout_p": dropout_p, "training": training}
+        out = replace_global_rows(out, q, k, v, key_valid, num_global, **rows)
     return out, pairs.view(B, H, N).sum(-1, dtype=torch.float32)
