@@ -103,14 +103,14 @@ for cols, x, y, width in [("*i32", "*fp32", "*fp32", 128), ("*i64", "*fp32", "*f
 
 # The edge attention as SBM runs it: int32 columns (int32 pair ids), an fp32 logit bias (its gradient needed), no
 # edge weight (q is its placeholder), the dropout keep-mask as uint8 or absent (the columns are its placeholder),
-# the global rows in the kernels (without dropout) with or without the real-key table (the row pointers are its
+# the global rows in the kernels (without dropout) with or without the padding mask (the row pointers are its
 # placeholder).
 given = object()
 for width, keep, dtype, rows, table in [(64, True, "*bf16", 0, False), (64, False, "*bf16", 1, False),
                                         (64, False, "*bf16", 2, True), (128, False, "*fp32", 1, True)]:
     pointers = {"Q": dtype, "K": dtype, "V": dtype, "OUT": dtype, "DO": dtype, "DQ": dtype, "WEIGHT": dtype,
                 "CROW": "*i64", "COLS": "*i32", "KEEP": "*u8" if keep else "*i32",
-                "BEFORE": "*i32" if table else "*i64"}
+                "KEY_MASK": "*u8" if table else "*i64"}
     meta = edgelist._meta(width, given, None, given if keep else None, given if table else None, rows)
     compile_kernel(edgelist._edge_fwd, meta, pointers, ints=("H",))
     compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=True, NEED_WEIGHT=False), pointers, ints=("H",))

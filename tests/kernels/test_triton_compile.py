@@ -33,11 +33,11 @@ for head_dim, entries, dot, options in (
     compile_kernel(gathered._gathered_fwd, meta, DTYPES)
     needs = {"NEED_WEIGHT": options[0] is given, "NEED_BIAS": options[2] is given}
     compile_kernel(gathered._gathered_bwd, dict(meta, **needs), dict(DTYPES, DQ="*bf16"))  # dq in q's dtype
-# Smart Bird's CUDA path: its global query's dense rows in the kernels, with and without the real-key table (the
+# Smart Bird's CUDA path: its global query's dense rows in the kernels, with and without the padding mask (the
 # index is its placeholder); dq in q's dtype.
 for table in (given, absent):
     meta = gathered._meta(64, 1, True, absent, given, absent, absent, table, 1)
-    pointers = dict(DTYPES, BEFORE="*i32" if table else "*i64", DQ="*bf16")
+    pointers = dict(DTYPES, KEY_MASK="*u8" if table else "*i64", DQ="*bf16")
     compile_kernel(gathered._gathered_fwd, meta, pointers)
     compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), pointers)
 # One query of one head (decoding a token): the grid decoding's cdiv then folds over constants.

@@ -22,7 +22,7 @@ from torch import Tensor
 from ..csr import row_pointers
 from ..edgelist import sort_edges
 from ..global_rows import replace_global_rows
-from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, key_tables, replaced_rows
+from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
 from .launch import block_d, check_dtypes, dense
 from .launch import pointer_or as _or
 
@@ -56,12 +56,12 @@ def _query_row(row, Q, CROW, n, H, sq_b, sq_h, sq_n, D: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _replaced(row, BEFORE, n, m, H, GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr):
+def _replaced(row, KEY_MASK, n, m, H, GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr):
     """Whether head-split row `row` is a real global query, whose output the global-row programs write, as a (1,)
     block (all False without them)."""
     bh = row // n
     i = row - bh * n + tl.arange(0, 1)
-    return replaced_rows(BEFORE, bh // H, m, i, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
+    return replaced_rows(KEY_MASK, bh // H, m, i, GLOBALS, KEYS, GLOBAL_ROWS)
 
 
 @triton.jit
@@ -88,11 +88,11 @@ def _edge_chunk(
 
 @triton.jit
 def _edge_fwd_row(
-    row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, OUT, LSE, scale, keep_scale,
+    row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, scale, keep_scale,
     n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
-    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Forward of one query row over its edges."""
     q_off, start, end, dim, dim_ok, q = _query_row(row, Q, CROW, n, H, sq_b, sq_h, sq_n, D, BLOCK_D)
@@ -119,7 +119,7 @@ def _edge_fwd_row(
     has_mass = row_sum > 0.0
     out = acc / tl.where(has_mass, row_sum, 1.0)
     # A global query's row and log-sum-exp are its global program's.
-    kept = ~_replaced(row, BEFORE, n, m, H, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
+    kept = ~_replaced(row, KEY_MASK, n, m, H, GLOBALS, KEYS, GLOBAL_ROWS)
     tl.store(OUT + q_off + dim, out.to(OUT.dtype.element_ty), mask=dim_ok & kept)
     # Empty rows store lse = 0, so backward recomputes exact-zero probabilities for them.
     lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
@@ -128,11 +128,11 @@ def _edge_fwd_row(
 
 @triton.jit
 def _edge_fwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, OUT, LSE, scale, keep_scale, global_programs,
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, scale, keep_scale, global_programs,
     n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
-    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # With global rows, their `B * H` programs come first, so that their loops over every key start early and
@@ -140,31 +140,31 @@ def _edge_fwd(
     pid = tl.program_id(0).to(tl.int64)
     if GLOBAL_ROWS and pid < global_programs:
         global_rows_fwd(
-            pid, Q, K, V, BEFORE, OUT, LSE, H, n, m, scale,
+            pid, Q, K, V, KEY_MASK, OUT, LSE, H, n, m, scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sq_b, sq_h, sq_n,
-            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, KEYS,
         )  # fmt: skip
     else:
         _edge_fwd_row(
-            pid - global_programs, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, OUT, LSE, scale, keep_scale,
+            pid - global_programs, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, scale, keep_scale,
             n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-            D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, GLOBALS, HAS_TABLES, GLOBAL_ROWS,
+            D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, GLOBALS, KEYS, GLOBAL_ROWS,
         )  # fmt: skip
 
 
 @triton.jit
 def _edge_bwd_row(
-    row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale,
+    row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale,
     keep_scale, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
-    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Backward of one query row over its edges."""
     q_off, start, end, dim, dim_ok, q = _query_row(row, Q, CROW, n, H, sq_b, sq_h, sq_n, D, BLOCK_D)
     do = tl.load(DO + _row_offset(row, n, H, sdo_b, sdo_h, sdo_n) + dim, mask=dim_ok, other=0.0).to(tl.float32)
-    kept = ~_replaced(row, BEFORE, n, m, H, GLOBALS, HAS_TABLES, GLOBAL_ROWS)  # (1,)
+    kept = ~_replaced(row, KEY_MASK, n, m, H, GLOBALS, KEYS, GLOBAL_ROWS)  # (1,)
     # A global query's method row was replaced: it reaches nothing. An infinite log-sum-exp makes its recomputed
     # probabilities, and with them every gradient of its edges, exact zeros (its edges' gradients are still written).
     lse = tl.where(kept, tl.load(LSE + row + tl.arange(0, 1)), float("inf"))  # (1,)
@@ -198,27 +198,27 @@ def _edge_bwd_row(
 
 @triton.jit
 def _edge_bwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale, keep_scale,
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale, keep_scale,
     global_programs, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
-    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if GLOBAL_ROWS and pid < global_programs:  # first, as in the forward; dQ, the output shares q's strides, dK
-        global_rows_bwd(  # and dV k's and v's
-            pid, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, H, n, m, scale,
+        global_rows_bwd(  # and dV k's and v's (by atomics: LSE is DELTA's placeholder)
+            pid, Q, K, V, KEY_MASK, OUT, DO, LSE, LSE, DQ, DK, DV, H, n, m, scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sq_b, sq_h, sq_n, sdo_b, sdo_h, sdo_n,
-            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, KEYS, True,
         )  # fmt: skip
     else:
         _edge_bwd_row(
-            pid - global_programs, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, BEFORE, DO, OUT, LSE, DQ, DK, DV, DBIAS,
+            pid - global_programs, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, DO, OUT, LSE, DQ, DK, DV, DBIAS,
             DWEIGHT, scale, keep_scale, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
             sdo_b, sdo_h, sdo_n, D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, NEED_BIAS, NEED_WEIGHT,
-            GLOBALS, HAS_TABLES, GLOBAL_ROWS,
+            GLOBALS, KEYS, GLOBAL_ROWS,
         )  # fmt: skip
 
 
@@ -246,21 +246,21 @@ class EdgeAttentionTriton(torch.autograd.Function):
     (`launch.dense`); the output and dq are made like q, the fp32 dK and dV buffers like k and v."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, before, global_rows):
+    def forward(ctx, q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, key_mask, global_rows):
         n, H, *q_strides = _rows(q)
         m, _, *k_strides = _rows(k)
         _, _, *v_strides = _rows(v)
         num_rows = crow.shape[0] - 1
         out = torch.empty_like(q)
         lse = torch.empty(num_rows, dtype=torch.float32, device=q.device)
-        meta = _meta(q.shape[-1], bias, weight, keep, before, global_rows)
+        meta = _meta(q.shape[-1], bias, weight, keep, key_mask, global_rows)
         global_programs = num_rows // n if global_rows else 0  # one per (batch, head)
         if num_rows > 0:
             _edge_fwd[(global_programs + num_rows,)](
-                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), _or(before, crow), out, lse,
+                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), _or(key_mask, crow), out, lse,
                 scale, keep_scale, global_programs, n, m, H, *q_strides, *k_strides, *v_strides, **meta,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, bias, weight, crow, cols, keep, before, out, lse)
+        ctx.save_for_backward(q, k, v, bias, weight, crow, cols, keep, key_mask, out, lse)
         ctx.keep_scale, ctx.scale, ctx.global_rows = keep_scale, scale, global_rows
         return out
 
@@ -268,7 +268,7 @@ class EdgeAttentionTriton(torch.autograd.Function):
     # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, bias, weight, crow, cols, keep, before, out, lse = ctx.saved_tensors
+        q, k, v, bias, weight, crow, cols, keep, key_mask, out, lse = ctx.saved_tensors
         n, H, *q_strides = _rows(q)
         m, _, *k_strides = _rows(k)
         _, _, *v_strides = _rows(v)
@@ -292,11 +292,11 @@ class EdgeAttentionTriton(torch.autograd.Function):
         global_programs = num_rows // n if ctx.global_rows else 0
         if num_rows > 0:
             _edge_bwd[(global_programs + num_rows,)](
-                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), _or(before, crow), grad_out,
+                q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), _or(key_mask, crow), grad_out,
                 out, lse, dq, dk, dv, _or(dbias, dk), _or(dweight, dk), ctx.scale, ctx.keep_scale, global_programs,
                 n, m, H, *q_strides, *k_strides, *v_strides, *_rows(grad_out)[2:],
                 NEED_BIAS=need_bias, NEED_WEIGHT=need_weight,
-                **_meta(q.shape[-1], bias, weight, keep, before, ctx.global_rows),
+                **_meta(q.shape[-1], bias, weight, keep, key_mask, ctx.global_rows),
             )  # fmt: skip
         if dkv.dtype != k.dtype:
             dk, dv = _like_kv(dkv.to(k.dtype), k, v)
@@ -309,7 +309,7 @@ def _like_kv(flat: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return first.as_strided(k.shape, k.stride()), second.as_strided(v.shape, v.stride())
 
 
-def _meta(head_dim: int, bias, weight, keep, before, global_rows: int) -> dict:
+def _meta(head_dim: int, bias, weight, keep, key_mask, global_rows: int) -> dict:
     return {
         "D": head_dim,
         "BLOCK_D": block_d(head_dim),
@@ -319,7 +319,7 @@ def _meta(head_dim: int, bias, weight, keep, before, global_rows: int) -> dict:
         "HAS_WEIGHT": weight is not None,
         "HAS_KEEP": keep is not None,
         "GLOBALS": max(global_rows, 1),
-        "HAS_TABLES": before is not None,
+        "KEYS": 0 if key_mask is None else 2,  # the padding mask as uint8 (global_rows.is_real)
         "GLOBAL_ROWS": global_rows > 0,
         "BLOCK_G": MAX_FUSED_GLOBALS,
         "BLOCK_N": BLOCK_N,
@@ -362,9 +362,9 @@ def edge_attention_triton(
     bias = None if logit_bias is None else logit_bias.contiguous()
     weight = None if edge_weight is None else edge_weight.contiguous()
     fused = global_rows if global_rows <= MAX_FUSED_GLOBALS else 0
-    before = key_tables(key_valid)[0] if fused and key_valid is not None else None
+    key_mask = key_valid.contiguous().view(torch.uint8) if fused and key_valid is not None else None
     cols = cols.contiguous()
-    out = EdgeAttentionTriton.apply(q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, before, fused)
+    out = EdgeAttentionTriton.apply(q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, key_mask, fused)
     if global_rows and not fused:
         out = replace_global_rows(out, q, k, v, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
     return out

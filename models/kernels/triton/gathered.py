@@ -24,7 +24,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..global_rows import replace_global_rows
-from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, key_tables, replaced_rows
+from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
 from .global_rows import load_rows as _load_rows
 from .global_rows import scatter_rows as _scatter_rows
 from .launch import check_dtypes, query_tile_meta, row_strides
@@ -77,12 +77,12 @@ def _mixed_slot(
 
 @triton.jit
 def _slots_fwd(
-    pid, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, LSE,
+    pid, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, LSE,
     num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
-    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Forward of one block of queries over their slots."""
     bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
@@ -112,7 +112,7 @@ def _slots_fwd(
     has_mass = row_sum > 0.0
     out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
     # A global query's row and log-sum-exp are its global program's.
-    kept_rows = row_ok & ~replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
+    kept_rows = row_ok & ~replaced_rows(KEY_MASK, b, num_keys, rows, GLOBALS, KEYS, GLOBAL_ROWS)
     o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=kept_rows[:, None] & dim_ok[None, :])
     # Empty rows store lse = 0: their recomputed probabilities exp(-inf - 0) are exact zeros in backward.
@@ -122,12 +122,12 @@ def _slots_fwd(
 
 @triton.jit
 def _gathered_fwd(
-    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, LSE,
+    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, LSE,
     num_heads, num_queries, num_keys, num_slots, scale, keep_scale, global_programs,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
-    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # With global rows, their `B * H` programs come first, so that their loops over every key start early and
@@ -135,36 +135,36 @@ def _gathered_fwd(
     pid = tl.program_id(0).to(tl.int64)
     if GLOBAL_ROWS and pid < global_programs:
         global_rows_fwd(
-            pid, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
+            pid, Q, K, V, KEY_MASK, OUT, LSE, num_heads, num_queries, num_keys, scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, KEYS,
         )  # fmt: skip
     else:
         _slots_fwd(
-            pid - global_programs, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, LSE,
+            pid - global_programs, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, LSE,
             num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-            D, BLOCK_D, BLOCK_M, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS, HAS_KEEP, GLOBALS, HAS_TABLES, GLOBAL_ROWS,
+            D, BLOCK_D, BLOCK_M, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS, HAS_KEEP, GLOBALS, KEYS, GLOBAL_ROWS,
         )  # fmt: skip
 
 
 @triton.jit
 def _slots_bwd(
-    pid, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS,
+    pid, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS,
     num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdk_b, sdk_h, sdk_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
-    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Backward of one block of queries over their slots."""
     bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
     row_mask = row_ok[:, None] & dim_ok[None, :]
     # A global query's method row was replaced: it reaches nothing. An infinite log-sum-exp makes its recomputed
     # probabilities, and with them every gradient of its slots, exact zeros (its slots' gradients are still written).
-    kept_rows = row_ok & ~replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, GLOBAL_ROWS)
+    kept_rows = row_ok & ~replaced_rows(KEY_MASK, b, num_keys, rows, GLOBALS, KEYS, GLOBAL_ROWS)
     q = _load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)
     do = _load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)  # (BLOCK_M, BLOCK_D)
     lse = tl.where(kept_rows, tl.load(LSE + bh * num_queries + rows, mask=row_ok, other=0.0), float("inf"))
@@ -215,31 +215,31 @@ def _slots_bwd(
 
 @triton.jit
 def _gathered_bwd(
-    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS,
+    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS,
     num_heads, num_queries, num_keys, num_slots, scale, keep_scale, global_programs,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdk_b, sdk_h, sdk_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
-    GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if GLOBAL_ROWS and pid < global_programs:  # first, as in the forward; dQ shares q's strides
-        global_rows_bwd(
-            pid, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+        global_rows_bwd(  # dK / dV by atomics (no DELTA: LSE is its placeholder)
+            pid, Q, K, V, KEY_MASK, OUT, DO, LSE, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
             sq_b, sq_h, sq_n, sdk_b, sdk_h, sdk_n, sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS,
-            HAS_TABLES,
+            KEYS, True,
         )  # fmt: skip
     else:
         _slots_bwd(
-            pid - global_programs, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, BEFORE, OUT, DO, LSE, DQ, DK, DV,
+            pid - global_programs, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, DO, LSE, DQ, DK, DV,
             DWEIGHT, DBIAS, num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
             sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_M, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS, HAS_KEEP,
-            NEED_WEIGHT, NEED_BIAS, GLOBALS, HAS_TABLES, GLOBAL_ROWS,
+            NEED_WEIGHT, NEED_BIAS, GLOBALS, KEYS, GLOBAL_ROWS,
         )  # fmt: skip
 
 
@@ -247,24 +247,24 @@ class GatheredAttentionTriton(torch.autograd.Function):
     """Autograd wrapper of the two kernels; see [`gathered_attention_triton`] for the arguments."""
 
     @staticmethod
-    def forward(ctx, q, k, v, weight, bias, idx, valid, keep, keep_scale, scale, dot_product, before, global_rows):
+    def forward(ctx, q, k, v, weight, bias, idx, valid, keep, keep_scale, scale, dot_product, key_mask, global_rows):
         B, H, Nq, D = q.shape
         num_slots = idx.shape[3]
         entries = idx.shape[4]
         # (B, Nq, H, d) in memory, as the heads are merged next: the merge is then a view, not a copy.
         out = torch.empty(B, Nq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
         lse = torch.empty(B * H * Nq, dtype=torch.float32, device=q.device)
-        meta = _meta(D, entries, dot_product, weight, valid, bias, keep, before, global_rows)
+        meta = _meta(D, entries, dot_product, weight, valid, bias, keep, key_mask, global_rows)
         global_programs = B * H if global_rows else 0
         grid = (global_programs + triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
             _gathered_fwd[grid](
-                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), _or(before, idx),
+                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), _or(key_mask, idx),
                 out, lse, H, Nq, k.shape[2], num_slots, scale, keep_scale, global_programs,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
                 **meta,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, weight, bias, idx, valid, keep, before, out, lse)
+        ctx.save_for_backward(q, k, v, weight, bias, idx, valid, keep, key_mask, out, lse)
         ctx.keep_scale, ctx.scale, ctx.dot_product, ctx.global_rows = keep_scale, scale, dot_product, global_rows
         return out
 
@@ -272,7 +272,7 @@ class GatheredAttentionTriton(torch.autograd.Function):
     # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, weight, bias, idx, valid, keep, before, out, lse = ctx.saved_tensors
+        q, k, v, weight, bias, idx, valid, keep, key_mask, out, lse = ctx.saved_tensors
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
         num_slots, entries = idx.shape[3], idx.shape[4]
@@ -288,12 +288,12 @@ class GatheredAttentionTriton(torch.autograd.Function):
         dkv = torch.zeros(2 if dot else 1, B, Nk, H, D, dtype=torch.float32, device=q.device)
         dweight = torch.empty(idx.shape, dtype=torch.float32, device=q.device) if need_weight else None
         dbias = torch.empty(idx.shape[:4], dtype=torch.float32, device=q.device) if need_bias else None
-        meta = _meta(D, entries, dot, weight, valid, bias, keep, before, ctx.global_rows)
+        meta = _meta(D, entries, dot, weight, valid, bias, keep, key_mask, ctx.global_rows)
         global_programs = B * H if ctx.global_rows else 0
         grid = (global_programs + triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
             _gathered_bwd[grid](
-                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), _or(before, idx),
+                q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), _or(key_mask, idx),
                 out, grad_out, lse, _or(dq, q), dkv[0], dkv[-1], _or(dweight, lse), _or(dbias, lse),
                 H, Nq, Nk, num_slots, ctx.scale, ctx.keep_scale, global_programs,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out), *row_strides(grad_out),
@@ -306,7 +306,9 @@ class GatheredAttentionTriton(torch.autograd.Function):
         return dq, dkv[0] if dot else None, dkv[-1], dweight, dbias, None, None, None, None, None, None, None, None
 
 
-def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep, before, global_rows: int) -> dict:
+def _meta(
+    head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep, key_mask, global_rows: int
+) -> dict:
     return {
         **query_tile_meta(head_dim),
         "J": entries,
@@ -316,7 +318,7 @@ def _meta(head_dim: int, entries: int, dot_product: bool, weight, valid, bias, k
         "HAS_BIAS": bias is not None,
         "HAS_KEEP": keep is not None,
         "GLOBALS": max(global_rows, 1),
-        "HAS_TABLES": before is not None,
+        "KEYS": 0 if key_mask is None else 2,  # the padding mask as uint8 (global_rows.is_real)
         "GLOBAL_ROWS": global_rows > 0,
         "BLOCK_G": MAX_FUSED_GLOBALS,
         "BLOCK_N": BLOCK_N,
@@ -360,9 +362,9 @@ def gathered_attention_triton(
     if logit_bias is not None:
         logit_bias = logit_bias.expand(idx.shape[:4]).contiguous()
     fused = global_rows if dot_product and global_rows <= MAX_FUSED_GLOBALS else 0
-    before = key_tables(key_valid)[0] if fused and key_valid is not None else None
+    key_mask = key_valid.contiguous().view(torch.uint8) if fused and key_valid is not None else None
     out = GatheredAttentionTriton.apply(
-        q, k, v, weight, logit_bias, idx.contiguous(), valid, keep, keep_scale, scale, dot_product, before, fused
+        q, k, v, weight, logit_bias, idx.contiguous(), valid, keep, keep_scale, scale, dot_product, key_mask, fused
     )
     if global_rows and not fused:
         out = replace_global_rows(out, q, k, v, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)

@@ -4,9 +4,13 @@ A family with global tokens replaces the output rows of its first `g` (real) que
 every real key ([`attnzoo.core.global_tokens`]). A kernel that takes this over runs `B * H` extra programs first (one
 per (batch, head): their loops over every key start early and overlap the method's many short programs), each
 computing the `g <= 16` rows with an online softmax over key tiles; in backward the same programs write those rows'
-dQ and add their dK / dV into the fp32 buffers the method's atomics fill. The method's own programs skip the
-replaced rows' outputs and take no gradient from them. Real keys come from the `(B, Nk)` int32 table of the nearest
-real key at or before every position ([`key_tables`]): key `j` is real when its entry is `j`.
+dQ and either add their dK / dV into the fp32 buffers the method's atomics fill (`SCATTER`), or store their
+`rowsum(dO * O)` for a key-major pass of the method's own that adds them per key (FSAT's, which has no atomics). The
+method's own programs skip the replaced rows' outputs and take no gradient from them.
+
+The real keys (`KEYS`, a compile-time switch): 0 every key is real; 1 `BEFORE` is the `(B, Nk)` int32 table of the
+nearest real key at or before every position ([`key_tables`], which A²-Former's interpolation needs anyway): key `j`
+is real when its entry is `j`; 2 `BEFORE` is the `(B, Nk)` padding mask itself, as uint8 (no table to build).
 """
 
 from __future__ import annotations
@@ -67,32 +71,32 @@ def _real_neighbours(VALID, BEFORE, AFTER, REAL, num_keys, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def is_real(BEFORE, b, num_keys, keys, HAS_TABLES: tl.constexpr):
-    """Whether each of the keys (an int32 vector: a scalar would meet an interpreter bug in `&`) is real (its
-    nearest real key at or before it is itself)."""
-    if HAS_TABLES:
+def is_real(BEFORE, b, num_keys, keys, KEYS: tl.constexpr):
+    """Whether each of the keys (an int32 vector: a scalar would meet an interpreter bug in `&`) is real: with the
+    table (`KEYS` 1, or True), its nearest real key at or before it is itself; with the mask (`KEYS` 2), its entry."""
+    if KEYS == 2:
+        return tl.load(BEFORE + b * num_keys + keys) != 0
+    if KEYS:
         return tl.load(BEFORE + b * num_keys + keys) == keys
     return keys >= 0
 
 
 @triton.jit
-def replaced_rows(
-    BEFORE, b, num_keys, rows, GLOBALS: tl.constexpr, HAS_TABLES: tl.constexpr, GLOBAL_ROWS: tl.constexpr
-):
+def replaced_rows(BEFORE, b, num_keys, rows, GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr):
     """Which rows are real global queries whose output the global-row programs compute (none without them)."""
     if GLOBAL_ROWS:
-        return (rows < GLOBALS) & is_real(BEFORE, b, num_keys, tl.minimum(rows, GLOBALS - 1), HAS_TABLES)
+        return (rows < GLOBALS) & is_real(BEFORE, b, num_keys, tl.minimum(rows, GLOBALS - 1), KEYS)
     return rows < 0
 
 
 @triton.jit
 def _key_tile(
     K, V, BEFORE, q, b, h, keys, dim, dim_ok, num_keys, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-    HAS_TABLES: tl.constexpr,
+    KEYS: tl.constexpr,
 ):  # fmt: skip
     """One tile of keys for the global queries' dense rows (forward and backward): `keys, key_ok, tile_mask`, the
     key and value rows `(BLOCK_N, BLOCK_D)` (zero where not a real key) and the scaled scores `(BLOCK_G, BLOCK_N)`."""
-    key_ok = (keys < num_keys) & is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), HAS_TABLES)
+    key_ok = (keys < num_keys) & is_real(BEFORE, b, num_keys, tl.minimum(keys, num_keys - 1), KEYS)
     tile_mask = key_ok[:, None] & dim_ok[None, :]
     k_tile = load_rows(K, sk_b, sk_h, sk_n, b, h, keys, dim, tile_mask)  # (BLOCK_N, BLOCK_D)
     v_tile = load_rows(V, sv_b, sv_h, sv_n, b, h, keys, dim, tile_mask)
@@ -102,16 +106,17 @@ def _key_tile(
 
 @triton.jit
 def global_rows_fwd(
-    bh, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
+    bh, Q, K, V, BEFORE, OUT, LSE, num_heads, lse_rows, num_keys, scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
-    HAS_TABLES: tl.constexpr,
+    KEYS: tl.constexpr,
 ):  # fmt: skip
     """The global queries of one (batch, head): dense softmax attention over every real key (online softmax over
-    key tiles), replacing the method's rows for the real ones."""
+    key tiles), replacing the method's rows for the real ones; their log-sum-exps go to `LSE`, `lse_rows` per
+    (batch, head) (the method's own rows' buffer, or one of the global rows' own)."""
     b, h = bh // num_heads, bh % num_heads
     rows = tl.arange(0, BLOCK_G)
-    real = replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
+    real = replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, KEYS, True)
     dim = tl.arange(0, BLOCK_D)
     dim_ok = dim < D
     q = load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, real[:, None] & dim_ok[None, :])  # (BLOCK_G, BLOCK_D)
@@ -122,7 +127,7 @@ def global_rows_fwd(
     for start in range(0, num_keys, BLOCK_N):
         keys, key_ok, tile_mask, k_tile, v_tile, scores = _key_tile(
             K, V, BEFORE, q, b, h, start + lanes, dim, dim_ok, num_keys, scale,
-            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_TABLES,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, KEYS,
         )  # fmt: skip
         scores = tl.where(key_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(row_max, tl.max(scores, 1))
@@ -137,7 +142,7 @@ def global_rows_fwd(
     o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=real[:, None] & dim_ok[None, :])
     lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
-    tl.store(LSE + bh * num_queries + rows, lse, mask=real)
+    tl.store(LSE + bh * lse_rows + rows, lse, mask=real)
 
 
 @triton.jit
@@ -149,23 +154,27 @@ def scatter_rows(DX, stride, keys, grad, mask, dim):
 
 @triton.jit
 def global_rows_bwd(
-    bh, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+    bh, Q, K, V, BEFORE, OUT, DO, LSE, DELTA, DQ, DK, DV, num_heads, lse_rows, num_keys, scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
-    HAS_TABLES: tl.constexpr,
+    KEYS: tl.constexpr, SCATTER: tl.constexpr,
 ):  # fmt: skip
-    """Backward of the global queries' dense rows of one (batch, head): dQ of those rows, dK / dV of every key."""
+    """Backward of the global queries' dense rows of one (batch, head): dQ of those rows, and with `SCATTER` their
+    dK / dV of every key (fp32 atomics), else their `rowsum(dO * O)` into `DELTA` (laid out as `LSE`) for the
+    method's key-major pass."""
     b, h = bh // num_heads, bh % num_heads
     rows = tl.arange(0, BLOCK_G)
-    real = replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, HAS_TABLES, True)
+    real = replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, KEYS, True)
     dim = tl.arange(0, BLOCK_D)
     dim_ok = dim < D
     row_mask = real[:, None] & dim_ok[None, :]
     q = load_rows(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_G, BLOCK_D)
     do = load_rows(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)
     delta = tl.sum(do * load_rows(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
-    lse = tl.load(LSE + bh * num_queries + rows, mask=real, other=0.0)
+    lse = tl.load(LSE + bh * lse_rows + rows, mask=real, other=0.0)
+    if not SCATTER:
+        tl.store(DELTA + bh * lse_rows + rows, delta, mask=real)
     dk = DK + b * sdk_b + h * sdk_h
     dv = DV + b * sdv_b + h * sdv_h
     dq = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -173,14 +182,15 @@ def global_rows_bwd(
     for start in range(0, num_keys, BLOCK_N):
         keys, key_ok, tile_mask, k_tile, v_tile, scores = _key_tile(
             K, V, BEFORE, q, b, h, start + lanes, dim, dim_ok, num_keys, scale,
-            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_TABLES,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, KEYS,
         )  # fmt: skip
         p = tl.where(real[:, None] & key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
         grad_p = tl.dot(do, tl.trans(v_tile), input_precision="ieee")
         grad_s = p * (grad_p - delta[:, None]) * scale
         dq += tl.dot(grad_s, k_tile, input_precision="ieee")
-        scatter_rows(dk, sdk_n, keys, tl.dot(tl.trans(grad_s), q, input_precision="ieee"), tile_mask, dim)
-        scatter_rows(dv, sdv_n, keys, tl.dot(tl.trans(p), do, input_precision="ieee"), tile_mask, dim)
+        if SCATTER:
+            scatter_rows(dk, sdk_n, keys, tl.dot(tl.trans(grad_s), q, input_precision="ieee"), tile_mask, dim)
+            scatter_rows(dv, sdv_n, keys, tl.dot(tl.trans(p), do, input_precision="ieee"), tile_mask, dim)
     dq_ptr = DQ + b * sdq_b + h * sdq_h + rows[:, None].to(tl.int64) * sdq_n + dim[None, :]
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
 

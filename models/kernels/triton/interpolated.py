@@ -347,11 +347,11 @@ def _interpolated_bwd(
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:  # first, as in the forward
-        global_rows_bwd(
-            pid, Q, K, V, BEFORE, OUT, DO, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+        global_rows_bwd(  # dK / dV by atomics (no DELTA: LSE is its placeholder)
+            pid, Q, K, V, BEFORE, OUT, DO, LSE, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
             sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS,
-            HAS_TABLES,
+            HAS_TABLES, True,
         )  # fmt: skip
     else:
         _points_bwd(

@@ -20,7 +20,7 @@ host sync. Three kernels:
 
 With `global_rows` (FSAT's global queries' dense rows, `ZooAttention.with_global_rows` inside the primitive), the
 forward and the query-major backward run `B*H` extra programs first, one per (batch, head), each over the `g <= 16`
-global queries against every real key in tiles (as `global_rows.py`'s, reading the padding mask itself: no table):
+global queries against every real key in tiles (`global_rows.py`'s, reading the padding mask itself: no table):
 the forward stores their rows and a log-sum-exp per row of its own `(B*H, g)`, the backward their dQ and
 `delta = rowsum(dO * O)` `(B*H, g)`; the key-major kernel adds their dK and dV per key from those (no atomics). A
 replaced row's own program skips its output, takes its dO as zero (so that its slots get no gradient) and leaves
@@ -41,7 +41,7 @@ from torch import Tensor
 
 from ..global_rows import replace_global_rows
 from .global_rows import BLOCK_N as GLOBAL_BLOCK_N
-from .global_rows import MAX_FUSED_GLOBALS
+from .global_rows import MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd
 from .launch import block_d, check_dtypes, row_strides
 from .launch import pointer_or as _or
 
@@ -180,94 +180,6 @@ def _replaced(VALID, b, rows, N, G, GLOBAL_ROWS: tl.constexpr, HAS_VALID: tl.con
 
 
 @triton.jit
-def _dense_key_tile(
-    K, V, VALID, q, b, h, keys, dim, dim_ok, N, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_VALID: tl.constexpr
-):
-    """A tile of keys of the global rows' loops: the real keys, their key and value rows `(BLOCK_N, BLOCK_D)` (zero
-    elsewhere) and the scaled scores `(BLOCK_R, BLOCK_N)` of the rows `q`."""
-    key_ok = keys < N
-    if HAS_VALID:
-        key_ok = key_ok & (tl.load(VALID + b * N + keys, mask=key_ok, other=0) != 0)
-    mask = key_ok[:, None] & dim_ok[None, :]
-    k_tile = _gather(K, sk_b, sk_h, sk_n, b, h, keys, dim, mask)
-    v_tile = _gather(V, sv_b, sv_h, sv_n, b, h, keys, dim, mask)
-    scores = tl.dot(q, tl.trans(k_tile), input_precision="ieee") * scale
-    return key_ok, k_tile, v_tile, scores
-
-
-@triton.jit
-def _global_rows_fwd(
-    bh, Q, K, V, VALID, OUT, GLSE, H, N, G, scale,
-    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, HAS_VALID: tl.constexpr,
-):  # fmt: skip
-    """The `G <= BLOCK_R` global queries of one (batch, head): dense softmax attention over every real key (online
-    softmax over key tiles), stored over the rows of the real ones, with their log-sum-exps `GLSE` `(B*H, G)`.
-    (`global_rows.global_rows_fwd`, reading the padding mask itself instead of a table of real keys.)"""
-    b, h = bh // H, bh % H
-    rows = tl.arange(0, BLOCK_R)
-    real = _replaced(VALID, b, rows, N, G, True, HAS_VALID)
-    dim = tl.arange(0, BLOCK_D)
-    dim_ok = dim < D
-    row_mask = real[:, None] & dim_ok[None, :]
-    q = _gather(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_R, BLOCK_D)
-    row_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    row_sum = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    lanes = tl.arange(0, BLOCK_N)
-    for start in range(0, N, BLOCK_N):
-        key_ok, _, v_tile, scores = _dense_key_tile(
-            K, V, VALID, q, b, h, start + lanes, dim, dim_ok, N, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_VALID
-        )
-        scores = tl.where(key_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(row_max, tl.max(scores, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(row_max - shift)
-        p = tl.exp(scores - shift[:, None])
-        row_sum = row_sum * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v_tile, input_precision="ieee")
-        row_max = m_new
-    has_mass = row_sum > 0.0
-    out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
-    o_ptr = OUT + b * so_b + h * so_h + rows[:, None].to(tl.int64) * so_n + dim[None, :]
-    tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_mask)
-    lse = tl.where(has_mass, row_max + tl.log(tl.where(has_mass, row_sum, 1.0)), 0.0)
-    tl.store(GLSE + bh * G + rows, lse, mask=real)
-
-
-@triton.jit
-def _global_rows_dq(
-    bh, Q, K, V, VALID, OUT, DO, GLSE, GDELTA, DQ, H, N, G, scale,
-    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n, sdq_b, sdq_h, sdq_n,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, HAS_VALID: tl.constexpr,
-):  # fmt: skip
-    """Backward of the global rows of one (batch, head): their dQ, and their `delta = rowsum(dO * O)` `GDELTA`
-    `(B*H, G)` for the key-major kernel, which adds their dK and dV."""
-    b, h = bh // H, bh % H
-    rows = tl.arange(0, BLOCK_R)
-    real = _replaced(VALID, b, rows, N, G, True, HAS_VALID)
-    dim = tl.arange(0, BLOCK_D)
-    dim_ok = dim < D
-    row_mask = real[:, None] & dim_ok[None, :]
-    q = _gather(Q, sq_b, sq_h, sq_n, b, h, rows, dim, row_mask)  # (BLOCK_R, BLOCK_D)
-    do = _gather(DO, sdo_b, sdo_h, sdo_n, b, h, rows, dim, row_mask)
-    delta = tl.sum(do * _gather(OUT, so_b, so_h, so_n, b, h, rows, dim, row_mask), 1)
-    tl.store(GDELTA + bh * G + rows, delta, mask=real)
-    lse = tl.load(GLSE + bh * G + rows, mask=real, other=0.0)
-    dq = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    lanes = tl.arange(0, BLOCK_N)
-    for start in range(0, N, BLOCK_N):
-        key_ok, k_tile, v_tile, scores = _dense_key_tile(
-            K, V, VALID, q, b, h, start + lanes, dim, dim_ok, N, scale, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, HAS_VALID
-        )
-        p = tl.where(real[:, None] & key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
-        grad_p = tl.dot(do, tl.trans(v_tile), input_precision="ieee")
-        dq += tl.dot(p * (grad_p - delta[:, None]) * scale, k_tile, input_precision="ieee")
-    dq_ptr = DQ + b * sdq_b + h * sdq_h + rows[:, None].to(tl.int64) * sdq_n + dim[None, :]
-    tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
-
-
-@triton.jit
 def _global_rows_dkv(
     dk, dv, Q, K, V, DO, VALID, GLSE, GDELTA, ok, bh, b, h, j, dim, dim_ok, N, G, scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, HAS_VALID: tl.constexpr,
@@ -380,17 +292,17 @@ def _slots_fwd(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
     # The global-row programs (one per (batch, head), only with GLOBAL_ROWS) come first: their loops over every key
-    # start early and overlap the many short row programs.
+    # start early and overlap the many short row programs. Their log-sum-exps: GLSE (B*H, G).
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:
         if GLOBAL_ROWS:
-            _global_rows_fwd(
-                pid, Q, K, V, VALID, OUT, GLSE, H, N, G, scale,
+            global_rows_fwd(
+                pid, Q, K, V, VALID, OUT, GLSE, H, G, N, scale,
                 sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-                D, BLOCK_D, BLOCK_R, BLOCK_N, HAS_VALID,
+                D, BLOCK_D, BLOCK_R, BLOCK_N, GLOBALS, KEYS,
             )  # fmt: skip
     else:
         _row_fwd(
@@ -501,15 +413,16 @@ def _slots_bwd_rows(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:  # first, as in the forward
         if GLOBAL_ROWS:
-            _global_rows_dq(
-                pid, Q, K, V, VALID, OUT, DO, GLSE, GDELTA, DQ, H, N, G, scale,
+            global_rows_bwd(  # their dQ, and their delta (B*H, G) for the key-major kernel's dK / dV (DQ: the
+                pid, Q, K, V, VALID, OUT, DO, GLSE, GDELTA, DQ, DQ, DQ, H, G, N, scale,  # placeholder of DK / DV)
                 sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
-                sdq_b, sdq_h, sdq_n, D, BLOCK_D, BLOCK_R, BLOCK_N, HAS_VALID,
+                sdq_b, sdq_h, sdq_n, sdq_b, sdq_h, sdq_n, sdq_b, sdq_h, sdq_n, D, BLOCK_D, BLOCK_R, BLOCK_N, GLOBALS,
+                KEYS, False,
             )  # fmt: skip
     else:
         _row_bwd(
@@ -719,6 +632,8 @@ class _Settings:
             # The global rows' programs: up to 16 queries (tl.dot's smallest tile) against key tiles.
             "BLOCK_R": MAX_FUSED_GLOBALS,
             "BLOCK_N": GLOBAL_BLOCK_N,
+            "GLOBALS": max(self.num_global, 1),  # the global rows' programs' compile-time count
+            "KEYS": 2 if valid is not None else 0,  # the padding mask as uint8 (global_rows.is_real)
             "num_warps": NUM_WARPS,
         }
 
