@@ -149,10 +149,10 @@ for function, dtype, width, padded, seed, propose, noise, ones in CASES:
 INTERPOLATED = """
 import triton
 
-from attnzoo.kernels.triton import interpolated
+from attnzoo.kernels.triton import global_rows, interpolated
 
 given = object()
-compile_kernel(interpolated._real_neighbours, {"BLOCK": 1024},
+compile_kernel(global_rows._real_neighbours, {"BLOCK": 1024},
                {"VALID": "*u8", "BEFORE": "*i32", "AFTER": "*i32", "REAL": "*i32"})
 
 # (d, points, global keys, causal, reflect, padding, point logits, dropout keep, global rows in the kernels, dense

@@ -139,7 +139,7 @@ def test_cpu_torch_path_matches_reference():
 
 
 def test_key_tables_match_the_torch_neighbours_across_chunks(device):
-    from attnzoo.kernels.triton.interpolated import key_tables
+    from attnzoo.kernels.triton.global_rows import key_tables
 
     key_valid = torch.rand(3, 45, generator=torch.Generator().manual_seed(2)) < 0.4
     key_valid[1] = False  # a sample without any real key

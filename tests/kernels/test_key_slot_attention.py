@@ -13,6 +13,9 @@ from attnzoo.kernels import key_slot_attention
 from attnzoo.kernels.key_slots import gaussian_confidence, key_slot_edges, key_slot_pair_count
 
 pytest.importorskip("triton")
+
+from key_slot_cases import finish_slots, run  # noqa: E402
+
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests (CUDA: tests/gpu)")
 
 B, H, N, D, S, M = 2, 3, 11, 8, 5, 3
@@ -31,19 +34,7 @@ def make_slots(seed: int = 0, padded: bool = False):
         valid = torch.ones(B, N, dtype=torch.bool)
         valid[1, 7:] = False
         valid[0, 0] = False  # a hole at a global position
-        named_real = valid.gather(1, query.clamp(min=0).view(B, -1).long()).view(query.shape)
-        query = torch.where(valid[:, None, :, None] & named_real & (query >= 0), query, -1)
-    mean = (query.float() + torch.rand(query.shape, generator=g) * 4 - 1.5).requires_grad_()
-    return q, k, v, query, mean, valid
-
-
-def run(backend: str, slots, **kwargs):
-    q, k, v, query, mean, valid = slots
-    torch.manual_seed(5)  # the same dropout masks for every backend
-    out, pairs = key_slot_attention(q, k, v, query, mean, key_valid=valid, backend=backend, **kwargs)
-    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-    grads = torch.autograd.grad((out.float() * probe).sum(), (q, k, v, mean))
-    return out.detach(), pairs, grads
+    return finish_slots(q, k, v, query, valid, g)
 
 
 CASES = [
