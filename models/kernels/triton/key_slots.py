@@ -41,7 +41,7 @@ from torch import Tensor
 
 from ..global_rows import replace_global_rows
 from .global_rows import BLOCK_N as GLOBAL_BLOCK_N
-from .global_rows import MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd
+from .global_rows import MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
 from .launch import block_d, check_dtypes, row_strides
 from .launch import pointer_or as _or
 
@@ -168,18 +168,6 @@ def _lower_bound(SORTED, length, target):
 
 
 @triton.jit
-def _replaced(VALID, b, rows, N, G, GLOBAL_ROWS: tl.constexpr, HAS_VALID: tl.constexpr):
-    """Which of `rows` (a vector of positions of example `b`) are real global queries, whose outputs the global-row
-    programs compute (none without GLOBAL_ROWS)."""
-    if GLOBAL_ROWS:
-        head = rows < G
-        if HAS_VALID:
-            head = head & (tl.load(VALID + b * N + rows, mask=head, other=0) != 0)
-        return head
-    return rows < 0
-
-
-@triton.jit
 def _global_rows_dkv(
     dk, dv, Q, K, V, DO, VALID, GLSE, GDELTA, ok, bh, b, h, j, dim, dim_ok, N, G, scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, HAS_VALID: tl.constexpr,
@@ -218,7 +206,8 @@ def _row_fwd(
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
-    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBALS: tl.constexpr,
+    KEYS: tl.constexpr,
 ):  # fmt: skip
     """One query row's edges and global keys (the row `pid = (b*H + h)*N + i`)."""
     bh, b, h, i = _row_of(pid, N, H)
@@ -276,7 +265,7 @@ def _row_fwd(
     out = acc0 * inv0 + acc1 * inv1 + acc2 * inv2
     # A real global query's row is the global-row programs' (everything else of the row is still stored: its
     # log-sum-exps, pair count, row pointers and order).
-    kept = ~_replaced(VALID, b, i + one, N, G, GLOBAL_ROWS, HAS_VALID)  # (1,): a scalar meets an interpreter bug
+    kept = ~replaced_rows(VALID, b, N, i + one, GLOBALS, KEYS, GLOBAL_ROWS)  # (1,): a scalar meets an interpreter bug
     tl.store(OUT + b * so_b + h * so_h + i * so_n + dim, out.to(OUT.dtype.element_ty), mask=dim_ok & kept)
     tl.store(LSE + pid * 3 + one, lse0)
     tl.store(LSE + pid * 3 + 1 + one, lse1)
@@ -310,6 +299,7 @@ def _slots_fwd(
             PAIRS, H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
             D, BLOCK_D, BLOCK_E, BLOCK_G, HAS_SKEEP, HAS_GKEEP, HAS_VALID, HAS_GLOBAL, OWN_GLOBAL, GLOBAL_ROWS,
+            GLOBALS, KEYS,
         )  # fmt: skip
 
 
@@ -321,6 +311,7 @@ def _row_bwd(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
     """Backward of one query row (`pid = (b*H + h)*N + i`)."""
     bh, b, h, i = _row_of(pid, N, H)
@@ -329,7 +320,7 @@ def _row_bwd(
     one = tl.arange(0, 1)
     # A replaced row's output reaches nothing: its dO is taken as zero (zero score, prediction and p * factor
     # entries for its slots and global keys), and its dQ is the global-row programs'.
-    kept = ~_replaced(VALID, b, i + one, N, G, GLOBAL_ROWS, HAS_VALID)  # (1,): a scalar meets an interpreter bug
+    kept = ~replaced_rows(VALID, b, N, i + one, GLOBALS, KEYS, GLOBAL_ROWS)  # (1,): a scalar meets an interpreter bug
     q = tl.load(Q + b * sq_b + h * sq_h + i * sq_n + dim, mask=dim_ok, other=0.0).to(tl.float32)
     do = tl.load(DO + b * sdo_b + h * sdo_h + i * sdo_n + dim, mask=dim_ok & kept, other=0.0).to(tl.float32)
     start = tl.load(CROW + bh * (N + 1) + i)
@@ -430,7 +421,7 @@ def _slots_bwd_rows(
             DSG, PG, H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, sdq_b, sdq_h, sdq_n,
             D, BLOCK_D, BLOCK_E, BLOCK_G, HAS_SKEEP, HAS_GKEEP, HAS_VALID, HAS_GLOBAL, OWN_GLOBAL, TRUNCATE,
-            GLOBAL_ROWS,
+            GLOBAL_ROWS, GLOBALS, KEYS,
         )  # fmt: skip
 
 
