@@ -52,6 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.attention import ZooAttention
 from ..kernels import dispatch
 from .recorder import OpRecorder, stubbed_flex_attention, stubbed_triton_launches, triton_interpreted
 from .rows import BenchModel, benchmark_models, make_inputs
@@ -280,14 +281,20 @@ def proxy_rows(names: list[str] | tuple[str, ...] = PROXY_ROWS) -> list[BenchMod
 
 
 def build_proxy_model(
-    row: BenchModel, size: ModelSize, length: int, dtype: torch.dtype, device: str
+    row: BenchModel, size: ModelSize, length: int, dtype: torch.dtype, device: str, attention_dropout: float = 0.0
 ) -> tuple[nn.Module, str]:
     """The row's bare model at `size` in `dtype` on its CUDA code path, and the attention backend the row asks for.
 
     On a CPU the model runs `attention_backend="triton"` (CUDA's implementation of the row's backend, under Triton's
     interpreter; [`cuda_code_path`] takes the returned backend for the FlexAttention choice); on CUDA the row's own.
+    `attention_dropout`: every attention module's dropout in training, as the config's `attention_probs_dropout_prob`
+    sets it (the benchmark's rows have none).
     """
     model = row.build(size, length)
+    if attention_dropout:
+        for module in model.modules():
+            if isinstance(module, ZooAttention):
+                module.dropout = attention_dropout
     backend = getattr(model.config, "attention_backend", "fast")
     if hasattr(model.config, "attention_backend") and torch.device(device).type == "cpu":
         # Every attention module reads the backend from the config object it shares with the model.
@@ -357,12 +364,14 @@ def measure_layer_proxies(
     device: str = "cpu",
     module_length: int | None = MODULE_LENGTH,
     seed: int = 0,
+    attention_dropout: float = 0.0,
 ) -> LayerProxies:
-    """The proxies of one benchmark row ([`LayerProxies`]); `module_length=None` skips the per-module op counts."""
+    """The proxies of one benchmark row ([`LayerProxies`]); `module_length=None` skips the per-module op counts;
+    `attention_dropout` (in the training forward+backward) as in [`build_proxy_model`]."""
     if size.num_hidden_layers != 1:
         raise ValueError(f"The proxies are per layer: `size` must have one layer, got {size.num_hidden_layers}.")
     torch.manual_seed(seed)
-    model, backend = build_proxy_model(row, size, length, dtype, device)
+    model, backend = build_proxy_model(row, size, length, dtype, device, attention_dropout)
     inputs = make_inputs(row, size, 1, length, device, seed)
     apart = apart_modules(model)
     layer = first_layer(model)
@@ -383,7 +392,7 @@ def measure_layer_proxies(
     del model
     if module_length is not None:
         module_length = min(module_length, length)
-        model, backend = build_proxy_model(row, size, module_length, dtype, device)
+        model, backend = build_proxy_model(row, size, module_length, dtype, device, attention_dropout)
         small_inputs = make_inputs(row, size, 1, module_length, device, seed)
         layers = {"layer": first_layer(model), **apart_layers(model)}
         counted = module_ops(model, small_inputs, layers, row.family, seed, backend)

@@ -241,10 +241,9 @@ class ZooAttention(nn.Module):
     def kernel_global_rows(self, num_queries: int, num_keys: int, query_offset: int) -> int:
         """How many global rows a method's kernel may compute itself (`global_rows=` of the kernel layer's
         primitives; then it sets `AttentionOutput.global_rows_done`): the rows [`with_global_rows`] would take from
-        dense attention without dropout, in encoder self-attention; 0 where it must do them."""
+        dense attention, in encoder self-attention (their dropout in training is the counter hash's, which the
+        kernels regenerate); 0 where it must do them."""
         if self.is_causal or self.is_cross_attention or query_offset or num_queries != num_keys:
-            return 0
-        if self.training and self.dropout > 0.0:  # the rows take attention dropout, from materialised weights
             return 0
         return self.global_positions(num_keys)
 
@@ -256,9 +255,9 @@ class ZooAttention(nn.Module):
         The method itself adds the global keys to every query's key set (in `attend`, through `core.global_tokens`).
         The rows come from [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op and its
         backward, no materialised fp32 softmax) and are spliced in when the heads merge ([`finish`]). With returned
-        weights, or attention dropout in training (whose mask the reference draws from the weights it
-        materialises), the materialised rows are spliced here instead. They read `out.inputs` in place of `q`, `k`,
-        `v` when the method set it.
+        weights, or attention dropout in training (the counter hash's mask, `kernels.dense.global_rows_keep`, which
+        the kernels computing these rows themselves regenerate), the materialised rows are spliced here instead.
+        They read `out.inputs` in place of `q`, `k`, `v` when the method set it.
         """
         if out.inputs is not None:
             q, k, v = out.inputs  # the same values, in the layout the method's kernel keeps

@@ -7,6 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .dropout import keep_multiplier
+from .hashing import draw_seed, hashed_keep
+
 
 def dense_masked_attention(
     q: Tensor,
@@ -19,6 +22,7 @@ def dense_masked_attention(
     training: bool = False,
     return_weights: bool = False,
     logit_bias: Tensor | None = None,
+    keep: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Materialised softmax attention with a boolean mask.
 
@@ -36,6 +40,8 @@ def dense_masked_attention(
         return_weights (`bool`, *optional*, defaults to `False`): also return the attention weights.
         logit_bias (`torch.Tensor`, *optional*): broadcastable to `(B, H, Nq, Nk)`; added to the scaled logits
             (differentiable), e.g. SBM's straight-through term.
+        keep (`torch.BoolTensor` broadcastable to `(B, H, Nq, Nk)`, *optional*): the dropout keep-mask drawn by the
+            caller (in training, instead of `F.dropout`'s own draw), e.g. the global rows' hashed mask.
 
     Returns:
         `tuple(torch.Tensor, torch.Tensor | None)`: the output of shape `(B, H, Nq, d)` and, if `return_weights`,
@@ -55,7 +61,9 @@ def dense_masked_attention(
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     weights = weights.to(q.dtype)
-    if training and dropout_p > 0.0:
+    if training and dropout_p > 0.0 and keep is not None:
+        weights = weights * keep_multiplier(keep, dropout_p, weights.dtype)
+    elif training and dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     out = torch.matmul(weights, v)  # (B, H, Nq, d)
     return out, (weights if return_weights else None)
@@ -75,8 +83,12 @@ def global_query_rows(
     dropout_p: float,
     training: bool,
     return_weights: bool,
+    seed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Dense masked attention of the first `g` queries over every real key.
+
+    Their attention dropout (in training) is the counter hash's ([`global_rows_keep`]), so that a kernel computing
+    these rows draws the same mask from the same `seed` (a fresh draw when `None`).
 
     Args:
         q (`torch.Tensor` of shape `(B, H, N, d)`): queries (only the first `g` rows are read).
@@ -87,6 +99,10 @@ def global_query_rows(
         The rows `(B, H, g, d)` and, with `return_weights`, their weights `(B, H, g, N)`.
     """
     mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
+    keep = None
+    if training and dropout_p > 0.0:
+        B, H, N = k.shape[0], k.shape[1], k.shape[2]
+        keep = global_rows_keep(draw_seed(q.device) if seed is None else seed, B, H, g, N, dropout_p)
     return dense_masked_attention(
         q[:, :, :g],
         k,
@@ -96,7 +112,16 @@ def global_query_rows(
         scale=scale,
         training=training,
         return_weights=return_weights,
+        keep=keep,
     )
+
+
+def global_rows_keep(seed: Tensor, batch: int, heads: int, g: int, num_keys: int, dropout_p: float) -> Tensor:
+    """The global rows' attention-dropout keep mask `(B, H, g, Nk)`: the counter hash of `(seed, b * H + h, query,
+    key)` (`attnzoo.kernels.hashing.hashed_keep`, which the kernels' `keep_at` computes alike)."""
+    rows = torch.arange(g, device=seed.device)
+    keys = torch.arange(num_keys, device=seed.device)
+    return hashed_keep(seed, batch * heads, rows, keys, dropout_p).view(batch, heads, g, num_keys)
 
 
 def splice_rows(full: Tensor, rows: Tensor, key_valid: Tensor | None) -> Tensor:

@@ -43,7 +43,8 @@ from .dense import dense_masked_attention
 from .dropout import sample_keep_mask
 from .edgelist import check_edges, edge_attention_reference_with_mask, edge_attention_with_mask
 from .gathered import check_gathered, gathered_attention_reference_with_mask, gathered_attention_with_mask
-from .global_rows import check_global_rows, replace_global_rows
+from .global_rows import check_global_rows, global_rows_seed, replace_global_rows, row_settings
+from .hashing import position_keep
 from .interpolated import check_interpolated, interpolated_attention_torch
 from .key_slots import check_key_slots, key_slot_attention_torch
 
@@ -216,6 +217,7 @@ def gathered_attention(
     keep: Tensor | None = None,
     global_rows: int = 0,
     key_valid: Tensor | None = None,
+    global_seed: Tensor | None = None,
     backend: str = "fast",
 ) -> Tensor:
     """Each query attends to its own `K` slots; a slot is one key row or a weighted mix of `J` key rows.
@@ -244,11 +246,13 @@ def gathered_attention(
         keep (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): dropout keep-mask drawn by the caller (so
             that several backends can be fed the same mask); `dropout_p` must be the probability it was drawn with.
         global_rows (`int`, *optional*, defaults to 0): replace the rows of the first `global_rows` queries that are
-            real tokens by dense softmax attention over every real key, without dropout, as [`edge_attention`]
-            does (the Triton kernels compute up to 16 of them, with the dot product, in programs of their own).
-            Encoder self-attention only (query `i` is key `i`).
+            real tokens by dense softmax attention over every real key, as [`edge_attention`] does (the Triton
+            kernels compute up to 16 of them, with the dot product, in programs of their own). Encoder
+            self-attention only (query `i` is key `i`).
         key_valid (`torch.BoolTensor` of shape `(B, Nk)`, *optional*): the real keys, for `global_rows` (`None`:
             every key is real).
+        global_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the global rows' dropout mask
+            in training (drawn from the default generator when `None`), so that backends can be compared.
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -258,19 +262,20 @@ def gathered_attention(
     check_global_rows(q, k, global_rows, key_valid)
     if keep is None and training and dropout_p > 0.0:
         keep = sample_keep_mask(tuple(idx.shape[:4]), dropout_p, idx.device)
+    seed = global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
     kwargs = {"scale": scale, "keep": keep, "dropout_p": dropout_p, "weight": weight, "logit_bias": logit_bias}
     kwargs["dot_product"] = dot_product
     if implementation == "triton":
         return _triton_kernels().gathered_attention_triton(
-            q, k, v, idx, valid, global_rows=global_rows, key_valid=key_valid, **kwargs
+            q, k, v, idx, valid, global_rows=global_rows, key_valid=key_valid, global_seed=seed, **kwargs
         )
     if implementation == "reference":
         out = gathered_attention_reference_with_mask(q, k, v, idx, valid, **kwargs)
     else:
         out = gathered_attention_with_mask(q, k, v, idx, valid, **kwargs)
     if global_rows:
-        out = replace_global_rows(out, q, k, v, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
+        out = replace_global_rows(out, q, k, v, key_valid, global_rows, **row_settings(scale, dropout_p, seed))
     return out
 
 
@@ -296,6 +301,7 @@ def interpolated_attention(
     dropout_p: float = 0.0,
     training: bool = False,
     keep: Tensor | None = None,
+    global_seed: Tensor | None = None,
     backend: str = "fast",
 ) -> tuple[Tensor, Tensor]:
     """Attention of every query over K points at fractional key positions `query + offset`, plus `g` global keys.
@@ -319,13 +325,15 @@ def interpolated_attention(
         num_global (`int`, *optional*, defaults to 0): the first `g` keys are extra slots of every query.
         global_rows (`bool`, *optional*, defaults to `False`): also replace the rows of the real global queries (the
             first `g`: not causal, `query_offset` 0) by dense attention over every real key, as
-            `ZooAttention.with_global_rows` does; the Triton implementation computes them in its kernels (outside
-            them with dropout in training).
+            `ZooAttention.with_global_rows` does; the Triton implementation computes them in its kernels (their
+            dropout mask in training is the counter hash of `global_seed`, regenerated there).
         scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
         dropout_p (`float`, *optional*, defaults to 0.0): dropout on the slot probabilities (and the global rows).
         training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None; dropout on the
             global rows.
         keep (`torch.BoolTensor` of shape `(B, H, Nq, K + g)`, *optional*): dropout keep-mask drawn by the caller.
+        global_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the global rows' dropout mask
+            in training (drawn from the default generator when `None`), so that backends can be compared.
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -349,7 +357,7 @@ def interpolated_attention(
         "scale": scale,
         "keep": keep,
         "dropout_p": dropout_p,
-        "training": training,
+        "global_seed": global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None,
     }
     if implementation == "triton":
         return _triton_kernels().interpolated_attention_triton(q, k, v, offsets, **kwargs)
@@ -375,6 +383,8 @@ def edge_attention(
     generator: torch.Generator | None = None,
     global_rows: int = 0,
     key_valid: Tensor | None = None,
+    global_seed: Tensor | None = None,
+    keep_seed: Tensor | None = None,
     backend: str = "fast",
 ) -> Tensor:
     """Attention restricted to an edge list, softmax over the edges of each query row.
@@ -409,12 +419,18 @@ def edge_attention(
             searching `rows` for them. Requires `sorted_rows`.
         generator (`torch.Generator`, *optional*): RNG for the dropout mask.
         global_rows (`int`, *optional*, defaults to 0): replace the rows of the first `global_rows` queries of every
-            (batch, head) that are real tokens by dense softmax attention over every real key, without dropout
+            (batch, head) that are real tokens by dense softmax attention over every real key
             (`ZooAttention.with_global_rows`, as part of the primitive: the Triton kernels compute up to 16 of them
             in their own programs, with no op around them). Head-split encoder self-attention only (query `i` is key
-            `i`). The rows' gradient reaches only them: a replaced row's edges get none.
+            `i`). The rows' gradient reaches only them: a replaced row's edges get none. In training their dropout
+            mask is the counter hash of `global_seed` (`kernels.global_rows`), which the kernels regenerate.
         key_valid (`torch.BoolTensor` of shape `(B, m)`, *optional*): the real keys, for `global_rows` (`None`:
             every key is real).
+        global_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the global rows' dropout mask
+            in training (drawn from `generator` or the default one when `None`), so that backends can be compared.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): in place of `keep`, the dropout mask as the counter
+            hash of this seed and each edge's position in the list (`kernels.hashing.position_keep`): the Triton
+            kernels regenerate it (with `sorted_rows`) instead of storing a mask per edge.
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -426,13 +442,22 @@ def edge_attention(
     if crow is not None and (not sorted_rows or crow.shape != (num_rows + 1,)):
         raise ValueError(f"crow must come with sorted_rows=True and have shape ({num_rows + 1},), got "
                          f"sorted_rows={sorted_rows} and {tuple(crow.shape)}")  # fmt: skip
-    if keep is None and training and dropout_p > 0.0:
-        keep = sample_keep_mask((rows.shape[0],), dropout_p, q.device, generator)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    dropout = training and dropout_p > 0.0
+    if keep_seed is not None and keep is not None:
+        raise ValueError("edge_attention takes a dropout mask as keep or as keep_seed, not both")
+    hashed = keep_seed if dropout and implementation == "triton" and sorted_rows else None
+    if keep is None and dropout and hashed is None:
+        if keep_seed is None:
+            keep = sample_keep_mask((rows.shape[0],), dropout_p, q.device, generator)
+        else:  # the mask the kernels would regenerate, of the edges in the caller's order (padding included)
+            keep = position_keep(keep_seed, rows.shape[0], dropout_p)
+    seed = global_rows_seed(dropout_p, training, global_seed, q.device, generator) if global_rows else None
     if implementation == "triton":
         return _triton_kernels().edge_attention_triton(
             q, k, v, rows, cols, logit_bias=logit_bias, edge_weight=edge_weight, scale=scale, keep=keep,
             dropout_p=dropout_p, sorted_rows=sorted_rows, crow=crow, global_rows=global_rows, key_valid=key_valid,
+            global_seed=seed, keep_seed=hashed,
         )  # fmt: skip
     heads = q, k, v
     # The torch implementations take flat rows and index with int64 (no-ops for flat rows and int64 indices).
@@ -451,7 +476,7 @@ def edge_attention(
         out = edge_attention_with_mask(flat_q, flat_k, flat_v, rows, cols, sorted_rows=sorted_rows, **kwargs)
     out = out.view(q.shape)
     if global_rows:
-        out = replace_global_rows(out, *heads, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
+        out = replace_global_rows(out, *heads, key_valid, global_rows, **row_settings(scale, dropout_p, seed))
     return out
 
 
@@ -544,6 +569,7 @@ def key_slot_attention(
     slot_keep: Tensor | None = None,
     global_keep: Tensor | None = None,
     global_rows: bool = False,
+    global_seed: Tensor | None = None,
     backend: str = "fast",
 ) -> tuple[Tensor, Tensor]:
     """Attention along edges that each key names in fixed slots, with Gaussian confidences (FSAT).
@@ -581,9 +607,11 @@ def key_slot_attention(
             edges, per query.
         global_rows (`bool`, *optional*, defaults to `False`): also replace the rows of the real global queries (the
             first `num_global`; a padded global position keeps its row) by dense softmax attention over every real
-            key, scale `scale`, as `ZooAttention.with_global_rows` does (with dropout in training, drawn after the
-            slots' masks); the method's output at a replaced row then gets no gradient. The Triton implementation
-            computes them in its kernels (outside them with dropout in training or beyond 16 global tokens).
+            key, scale `scale`, as `ZooAttention.with_global_rows` does (in training their dropout mask is the
+            counter hash of `global_seed`); the method's output at a replaced row then gets no gradient. The Triton
+            implementation computes them in its kernels (outside them beyond 16 global tokens).
+        global_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the global rows' dropout mask
+            in training (drawn from the default generator when `None`), so that backends can be compared.
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -612,7 +640,7 @@ def key_slot_attention(
         "global_keep": global_keep,
         "dropout_p": dropout_p,
         "global_rows": global_rows,
-        "training": training,
+        "global_seed": global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None,
     }
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
     if implementation == "triton":

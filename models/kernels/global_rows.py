@@ -5,6 +5,10 @@ attention over every real key (`ZooAttention.with_global_rows`, [`attnzoo.core.g
 takes `global_rows` does this itself, so that its Triton kernels can compute the rows in programs of their own
 (`kernels/triton/global_rows.py`) with no op around them; the torch implementations replace the rows after the
 method's output with the functions here.
+
+In training with attention dropout the rows' mask is the counter hash of a seed per call and of the row's position
+([`global_rows_seed`], `dense.global_rows_keep`): the kernels regenerate it in forward and backward instead of
+storing it, and the torch rows draw the same one from the same seed.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .dense import global_query_rows, splice_rows
+from .hashing import draw_seed
 
 
 def check_global_rows(q: Tensor, k: Tensor, global_rows: int, key_valid: Tensor | None) -> None:
@@ -32,6 +37,32 @@ def check_global_rows(q: Tensor, k: Tensor, global_rows: int, key_valid: Tensor 
         raise ValueError(f"key_valid must be bool of shape {expected}, got {key_valid.dtype} {tuple(key_valid.shape)}")
 
 
+def global_rows_seed(
+    dropout_p: float,
+    training: bool,
+    seed: Tensor | None,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> Tensor | None:
+    """The hash seed `()` int64 of the global rows' dropout mask: `None` without dropout (eval, `dropout_p = 0`),
+    else `seed`, or a fresh draw (on `device`, from `generator` or the default one: no host sync) when it is `None`.
+    A primitive takes it once, so that whichever implementation runs draws the same mask."""
+    if not (training and dropout_p > 0.0):
+        return None
+    if seed is None:
+        return draw_seed(device, generator)
+    if seed.dtype != torch.int64 or seed.dim() != 0:
+        raise ValueError(f"global_seed must be a () int64 tensor, got {seed.dtype} of shape {tuple(seed.shape)}")
+    return seed
+
+
+def row_settings(scale: float | None, dropout_p: float, seed: Tensor | None) -> dict:
+    """The keywords of [`replace_global_rows`] for rows whose dropout is `seed`'s ([`global_rows_seed`]: `None`
+    without dropout)."""
+    dropout = seed is not None and dropout_p > 0.0
+    return {"scale": scale, "dropout_p": dropout_p if dropout else 0.0, "training": dropout, "seed": seed}
+
+
 def replace_global_rows(
     out: Tensor,
     q: Tensor,
@@ -43,11 +74,14 @@ def replace_global_rows(
     scale: float | None,
     dropout_p: float,
     training: bool,
+    seed: Tensor | None = None,
 ) -> Tensor:
     """`out` `(B, H, N, d)` with the rows of the real global queries (the first `g`) replaced by dense masked
     attention over every real key: `ZooAttention.with_global_rows` (`core.global_tokens`) as part of the primitive,
-    so that a fused implementation can compute those rows in its own kernels."""
+    so that a fused implementation can compute those rows in its own kernels. `seed`: their dropout mask's
+    ([`global_rows_seed`])."""
     rows, _ = global_query_rows(
-        q, k, v, key_valid, num_global, scale=scale, dropout_p=dropout_p, training=training, return_weights=False
-    )
+        q, k, v, key_valid, num_global, scale=scale, dropout_p=dropout_p, training=training, return_weights=False,
+        seed=seed,
+    )  # fmt: skip
     return splice_rows(out, rows, key_valid)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .gathered import gathered_attention_reference_with_mask, gathered_attention_with_mask
-from .global_rows import replace_global_rows
+from .global_rows import replace_global_rows, row_settings
 
 #: How points beyond the allowed keys are brought back (values of `A2FormerConfig.position_bound`).
 POSITION_BOUNDS = ("clamp", "reflect")
@@ -254,7 +254,7 @@ def interpolated_attention_torch(
     scale: float | None = None,
     keep: Tensor | None = None,
     dropout_p: float = 0.0,
-    training: bool = False,
+    global_seed: Tensor | None = None,
     reference: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Torch implementation of [`attnzoo.kernels.dispatch.interpolated_attention`] (arguments as there): the slots
@@ -292,7 +292,5 @@ def interpolated_attention_torch(
     )
     density = interpolated_density(i0, i1, w1, bias, row_valid, key_valid, k.shape[2])
     if global_rows and num_global:
-        out = replace_global_rows(
-            out, q, k, v, key_valid, num_global, scale=scale, dropout_p=dropout_p, training=training
-        )
+        out = replace_global_rows(out, q, k, v, key_valid, num_global, **row_settings(scale, dropout_p, global_seed))
     return out, density

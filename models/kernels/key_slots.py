@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .edgelist import check_one_dtype, edge_attention_reference_with_mask, edge_attention_with_mask
-from .global_rows import replace_global_rows
+from .global_rows import replace_global_rows, row_settings
 from .indexing import flatten_heads, unflatten_heads
 
 #: Values of `global_softmax`: the global keys in a softmax of their own, or in the graph's.
@@ -184,7 +184,7 @@ def key_slot_attention_torch(
     dropout_p: float,
     reference: bool,
     global_rows: bool = False,
-    training: bool = False,
+    global_seed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """[`attnzoo.kernels.key_slot_attention`] through the edge-list kernels: the live slots and the global pairs as
     one edge list, query row `group * B*H*N + row` per softmax group, the queries repeated once per group; with
@@ -234,6 +234,5 @@ def key_slot_attention_torch(
     flat = flat.view(num_groups, num_rows, -1).sum(0)  # per query: the sum of its groups' outputs
     out = unflatten_heads(flat, B, H, N)
     if global_rows and num_global:
-        rows = {"scale": scale, "dropout_p": dropout_p, "training": training}
-        out = replace_global_rows(out, q, k, v, key_valid, num_global, **rows)
+        out = replace_global_rows(out, q, k, v, key_valid, num_global, **row_settings(scale, dropout_p, global_seed))
     return out, key_slot_pair_count(query, key_valid, num_global)

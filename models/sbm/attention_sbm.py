@@ -29,10 +29,11 @@ from ..kernels import (
     unflatten_heads,
 )
 from ..kernels.dispatch import fastrg_sampler, resolve_backend, sbm_selection_kernels
+from ..kernels.hashing import counter_uniform
 from .budget import EdgeBudget, reads_draw_counts
 from .configuration_sbm import SBMConfig
-from .fastrg import FastRGKernels, StructuralPairs, dropout_keep, fastrg_edges
-from .sampling import DenseMaskSTE, EdgeSTE, counter_uniform, edge_pattern
+from .fastrg import FastRGKernels, StructuralPairs, fastrg_edges
+from .sampling import DenseMaskSTE, EdgeSTE, edge_pattern
 
 _SITES = ("encoder", "decoder", "cross_attention")
 
@@ -597,14 +598,14 @@ class SBMAttention(ZooAttention):
                 training=self.training, return_weights=True, logit_bias=dense_bias.view(B, H, n, m),
             )  # fmt: skip
             return out, weights, counts, attended_counts, None, False
-        # Dropout from the graph's own hash: a fixed number of generator draws per call whatever the edge count.
-        keep = dropout_keep(graph, dropout_p) if dropout_p > 0.0 else None
         # The Triton kernels compute the global queries' dense rows in their own programs (no op around them).
         global_rows = self.kernel_global_rows(n, m, offset) if triton else 0
         out = edge_attention(
-            *edge_inputs, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p, keep=keep,
-            sorted_rows=True, padded=True, crow=crow, global_rows=global_rows, key_valid=key_valid,
-            backend=cfg.attention_backend,
+            # Dropout from the graph's hash (a fixed number of generator draws per call, whatever the edge count),
+            # which the Triton kernels regenerate per edge instead of storing a mask.
+            *edge_inputs, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p,
+            keep_seed=graph.seed, training=self.training, sorted_rows=True, padded=True, crow=crow,
+            global_rows=global_rows, key_valid=key_valid, backend=cfg.attention_backend,
         )  # fmt: skip
         if triton:  # read in place: the global rows read the same q, k, v
             return out, None, counts, attended_counts, None, global_rows > 0

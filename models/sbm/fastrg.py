@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..kernels.constants import scalar
 from ..kernels.csr import row_pointers
-from .sampling import _GOLDEN, mix_bits_
+from ..kernels.hashing import _GOLDEN, mix_bits_
 
 #: seed offset of the exploration draws' stream (odd, below 2**62 so that seed + offset stays an int64)
 _EXPLORATION_STREAM = 0x2545F4914F6CDD1D
@@ -66,7 +66,8 @@ class FastRGGraph:
         totals (`torch.DoubleTensor` of shape `(2, 2)`): the expected and the drawn numbers of fastRG draws, then
             of exploration draws (more fastRG draws than `slots` means some were dropped).
         slots (`int`): slots reserved for the fastRG draws.
-        seed (`torch.LongTensor` of shape `()`): the hash seed of the call (also [`dropout_keep`]'s).
+        seed (`torch.LongTensor` of shape `()`): the hash seed of the call (also the edges' attention-dropout mask's,
+            `attnzoo.kernels.hashing.position_keep`).
     """
 
     rows: Tensor
@@ -507,10 +508,3 @@ def fastrg_edges(
         slots=fastrg_slots,
         seed=seed,
     )
-
-
-def dropout_keep(graph: FastRGGraph, p: float) -> Tensor:
-    """Attention-dropout keep mask of the graph's edges, `(E,)` bool (each kept with probability `1 - p`), from the
-    call's hash: drawing it from a generator would consume a number of draws that depends on the reserved slots."""
-    bits = slot_bits(graph.seed, graph.rows.shape[0], 2).bitwise_and_(_LOW31)
-    return bits >= round(p * (1 << 31))

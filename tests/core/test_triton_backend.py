@@ -112,10 +112,12 @@ def test_triton_backend_under_bf16_autocast_stays_close_to_the_fp32_reference(fa
     ],
     ids=["sbm-fastrg", "smart_bird"],
 )
-def test_global_rows_in_the_kernels_equal_the_reference(family, module, primitive, overrides, monkeypatch):
-    """Without attention dropout, SBM's edge kernels and Smart Bird's gathered kernels compute the global query's
-    rows themselves (`global_rows`: no SDPA, splice or gradient sums around them): the same outputs and gradients
-    as the reference's `with_global_rows`."""
+@pytest.mark.parametrize("dropout", [0.0, 0.2], ids=["no-dropout", "dropout"])
+def test_global_rows_in_the_kernels_equal_the_reference(family, module, primitive, overrides, dropout, monkeypatch):
+    """SBM's edge kernels and Smart Bird's gathered kernels compute the global query's rows themselves
+    (`global_rows`: no SDPA, splice or gradient sums around them), in training with attention dropout too (the
+    rows' hashed mask regenerated in the kernels): the same outputs and gradients as the reference's
+    `with_global_rows`."""
     import importlib
 
     owner = importlib.import_module(module)
@@ -127,7 +129,7 @@ def test_global_rows_in_the_kernels_equal_the_reference(family, module, primitiv
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, primitive, spy)
-    overrides = {**overrides, "attention_probs_dropout_prob": 0.0}
+    overrides = {**overrides, "attention_probs_dropout_prob": dropout}
     out, grads = _run(family, overrides, "triton", train=True)
     assert requested and all(rows == 1 for rows in requested)  # the tiny config's one global token
     expected, expected_grads = _run(family, overrides, "reference", train=True)

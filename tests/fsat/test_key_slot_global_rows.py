@@ -1,8 +1,9 @@
 """Key-slot attention with `global_rows=True` (FSAT's global queries' dense rows inside the primitive): the Triton
 kernels (under the interpreter on CPU) compute those rows themselves and equal the reference (the method's rows, then
 `replace_global_rows`) on outputs, pair counts and the gradients of q, k, v and the predictions, with one and three
-global tokens, padding (a padded global position included), both global softmaxes, fp32 and bf16; the fallbacks
-(dropout in training, more than 16 global tokens) too. A replaced row's slots get no prediction gradient."""
+global tokens, padding (a padded global position included), both global softmaxes, fp32 and bf16, in training with
+attention dropout (the rows' hashed mask regenerated in forward and in both backward passes); the fallback beyond 16
+global tokens too. A replaced row's slots get no prediction gradient."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ CASES = [
     pytest.param({"num_global": 3, "global_softmax": "shared", "truncate": True}, False, torch.float32, id="shared"),
     pytest.param({"num_global": 3}, True, torch.bfloat16, id="g3-padded-bf16"),
     pytest.param({"num_global": 1}, False, torch.bfloat16, id="g1-bf16"),
-    pytest.param({"num_global": 2, "dropout_p": 0.3, "training": True}, True, torch.float32, id="dropout-fallback"),
+    pytest.param({"num_global": 2, "dropout_p": 0.3, "training": True}, True, torch.float32, id="dropout"),
 ]
 
 

@@ -102,16 +102,19 @@ for cols, x, y, width in [("*i32", "*fp32", "*fp32", 128), ("*i64", "*fp32", "*f
     compile_kernel(spmm._csr_spmm_pair, meta, pointers, floats=FLOATS | {"clip"})
 
 # The edge attention as SBM runs it: int32 columns (int32 pair ids), an fp32 logit bias (its gradient needed), no
-# edge weight (q is its placeholder), the dropout keep-mask as uint8 or absent (the columns are its placeholder),
-# the global rows in the kernels (without dropout) with or without the padding mask (the row pointers are its
-# placeholder).
+# edge weight (q is its placeholder), the dropout keep-mask as uint8, as the seed of the hashed mask (SBM's, in
+# training) or absent (the columns are its placeholder), the global rows in the kernels with or without the padding
+# mask (the row pointers are its placeholder) and with or without their hashed dropout (SEED).
 given = object()
-for width, keep, dtype, rows, table in [(64, True, "*bf16", 0, False), (64, False, "*bf16", 1, False),
-                                        (64, False, "*bf16", 2, True), (128, False, "*fp32", 1, True)]:
+for width, keep, dtype, rows, table in [(64, "mask", "*bf16", 0, False), (64, None, "*bf16", 1, False),
+                                        (64, "hash", "*bf16", 2, True), (128, None, "*fp32", 1, True),
+                                        (64, "hash", "*bf16", 1, False)]:
     pointers = {"Q": dtype, "K": dtype, "V": dtype, "OUT": dtype, "DO": dtype, "DQ": dtype, "WEIGHT": dtype,
-                "CROW": "*i64", "COLS": "*i32", "KEEP": "*u8" if keep else "*i32",
-                "KEY_MASK": "*u8" if table else "*i64"}
-    meta = edgelist._meta(width, given, None, given if keep else None, given if table else None, rows)
+                "CROW": "*i64", "COLS": "*i32", "KEEP": {"mask": "*u8", "hash": "*i64", None: "*i32"}[keep],
+                "KEY_MASK": "*u8" if table else "*i64", "SEED": "*i64"}
+    seed = given if keep == "hash" and rows else None
+    meta = edgelist._meta(width, given, None, given if keep else None, given if table else None, rows, seed,
+                          keep == "hash")
     compile_kernel(edgelist._edge_fwd, meta, pointers, ints=("H",))
     compile_kernel(edgelist._edge_bwd, dict(meta, NEED_BIAS=True, NEED_WEIGHT=False), pointers, ints=("H",))
 """
@@ -156,15 +159,15 @@ compile_kernel(global_rows._real_neighbours, {"BLOCK": 1024},
                {"VALID": "*u8", "BEFORE": "*i32", "AFTER": "*i32", "REAL": "*i32"})
 
 # (d, points, global keys, causal, reflect, padding, point logits, dropout keep, global rows in the kernels, dense
-# dtype, gradient of the offsets): training with dropout (the global rows outside the kernels), training without
-# dropout or eval (the rows inside; clamp and reflect, with and without padding), the linear weight mode (with
-# dropout; causal), its global rows with frozen offsets, d = 32.
+# dtype, gradient of the offsets): training with dropout (the global rows' mask hashed in the kernels), training
+# without dropout or eval (clamp and reflect, with and without padding), the linear weight mode (with dropout, its
+# global rows' too; causal), its global rows with frozen offsets, d = 32.
 CASES = [
-    (64, 10, 1, False, False, True, False, True, False, "*bf16", True),
+    (64, 10, 1, False, False, True, False, True, True, "*bf16", True),
     (64, 10, 1, False, False, True, False, False, True, "*bf16", True),
     (64, 10, 1, False, True, True, False, False, True, "*bf16", True),
     (64, 10, 1, False, False, False, False, False, True, "*fp32", True),
-    (64, 10, 1, False, False, True, True, True, False, "*bf16", True),
+    (64, 10, 1, False, False, True, True, True, True, "*bf16", True),
     (128, 10, 0, True, False, False, True, True, False, "*bf16", True),
     (64, 4, 2, False, False, True, True, False, True, "*fp32", False),
     (32, 10, 0, False, False, False, False, False, False, "*fp16", True),
@@ -172,13 +175,13 @@ CASES = [
 for width, points, num_global, causal, reflect, padded, linear, keep, rows, dtype, need_offsets in CASES:
     selection = interpolated._Selection(
         num_global=num_global, causal=causal, reflect=reflect, query_offset=0, scale=width**-0.5, keep_scale=1.25,
-        density=True, global_rows=rows,
+        density=True, global_rows=rows, keep_threshold=3355444,
     )
     meta = interpolated._meta(width, points, selection, given if padded else None, given if linear else None,
-                              given if keep else None)
+                              given if keep else None, given if keep and rows else None)
     # Absent inputs are the fp32 offsets (placeholders); dK and dV are one fp32 buffer, dQ q's dtype.
     pointers = {"Q": dtype, "K": dtype, "V": dtype, "OUT": dtype, "DO": dtype, "DQ": dtype,
-                "KEEP": "*u8" if keep else "*fp32"}
+                "KEEP": "*u8" if keep else "*fp32", "SEED": "*i64" if keep and rows else "*fp32"}
     if padded:
         pointers.update(BEFORE="*i32", AFTER="*i32", REAL="*i32")
     ones = ("sp_k", "sl_k", "sdp_k")  # the offsets' (and logits', gradients') last axis is contiguous

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnzoo.kernels import dense_masked_attention, edge_attention, gathered_attention
+from attnzoo.kernels.dense import global_rows_keep
 
 pytest.importorskip("triton")
 
@@ -35,12 +36,12 @@ def _inputs(device: str, dtype: torch.dtype, seed: int = 0, index_dtype: torch.d
     return tensors, rows.to(device, index_dtype), cols.to(device, index_dtype), key_valid.to(device)
 
 
-def _run(backend: str, tensors, rows, cols, key_valid, global_rows: int, grad_seed: int = 1):
+def _run(backend: str, tensors, rows, cols, key_valid, global_rows: int, grad_seed: int = 1, **dropout):
     leaves = [t.detach().clone().requires_grad_() for t in tensors]
     q, k, v, bias, weight = leaves
     out = edge_attention(
         q, k, v, rows, cols, logit_bias=bias, edge_weight=weight, sorted_rows=True, global_rows=global_rows,
-        key_valid=key_valid, backend=backend,
+        key_valid=key_valid, backend=backend, **dropout,
     )  # fmt: skip
     return _backward(out, leaves, grad_seed)
 
@@ -142,11 +143,11 @@ def _slot_inputs(device: str, dtype: torch.dtype, seed: int = 0):
     return (q, k, v, bias.to(device)), idx.to(device), valid.to(device), key_valid.to(device)
 
 
-def _run_slots(backend: str, tensors, idx, valid, key_valid, global_rows: int, grad_seed: int = 1):
+def _run_slots(backend: str, tensors, idx, valid, key_valid, global_rows: int, grad_seed: int = 1, **dropout):
     leaves = [t.detach().clone().requires_grad_() for t in tensors]
     q, k, v, bias = leaves
     out = gathered_attention(
-        q, k, v, idx, valid, logit_bias=bias, global_rows=global_rows, key_valid=key_valid, backend=backend
+        q, k, v, idx, valid, logit_bias=bias, global_rows=global_rows, key_valid=key_valid, backend=backend, **dropout
     )
     return _backward(out, leaves, grad_seed)
 
@@ -174,3 +175,57 @@ def test_gathered_global_rows_in_the_kernels_equal_the_reference(device, dtype, 
         replaced[:, :global_rows] = real
         replaced = replaced[:, None, :, None].expand(-1, H, -1, SLOTS)
         assert torch.all(grads[3][replaced] == 0) and grads[3][~replaced].abs().sum() > 0
+
+
+def _dropout(device: str, keep_shape: tuple[int, ...], seed: int = 11) -> dict:
+    """Training with attention dropout: the method's keep mask drawn here, the global rows' hash seed given, so
+    that both backends drop the same entries."""
+    keep = torch.rand(keep_shape, generator=torch.Generator().manual_seed(seed)) >= 0.3
+    global_seed = torch.tensor(123456789 + seed)
+    return {"dropout_p": 0.3, "training": True, "keep": keep.to(device), "global_seed": global_seed.to(device)}
+
+
+def _on_cpu(dropout: dict) -> dict:
+    return {name: value.cpu() if isinstance(value, torch.Tensor) else value for name, value in dropout.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("global_rows", [1, 3, 17])
+@pytest.mark.parametrize("primitive", ["edge", "gathered"])
+def test_global_rows_with_attention_dropout_in_the_kernels_equal_the_reference(device, global_rows, primitive):
+    """In training with attention dropout the kernels regenerate the rows' hashed mask (forward and backward) and
+    equal the reference, which draws it from the same seed; 17 rows: the fallback after the kernel."""
+    if primitive == "edge":
+        tensors, rows, cols, key_valid = _inputs(device, torch.float32)
+        dropout = _dropout(device, (rows.shape[0],))
+        out, grads = _run("triton", tensors, rows, cols, key_valid, global_rows, **dropout)
+        cpu = [t.cpu() for t in tensors], rows.cpu(), cols.cpu(), key_valid.cpu()
+        ref_out, ref_grads = _run("reference", *cpu, global_rows, **_on_cpu(dropout))
+        plain, _ = _run("reference", *cpu, global_rows, **{**_on_cpu(dropout), "global_seed": torch.tensor(7)})
+    else:
+        tensors, idx, valid, key_valid = _slot_inputs(device, torch.float32)
+        dropout = _dropout(device, tuple(idx.shape))
+        out, grads = _run_slots("triton", tensors, idx, valid, key_valid, global_rows, **dropout)
+        cpu = [t.cpu() for t in tensors], idx.cpu(), valid.cpu(), key_valid.cpu()
+        ref_out, ref_grads = _run_slots("reference", *cpu, global_rows, **_on_cpu(dropout))
+        plain, _ = _run_slots("reference", *cpu, global_rows, **{**_on_cpu(dropout), "global_seed": torch.tensor(7)})
+    torch.testing.assert_close(out.cpu(), ref_out, atol=1e-5, rtol=1e-5)
+    for grad, ref in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad.cpu(), ref, atol=1e-5, rtol=1e-5)
+    # another seed drops other entries of the global rows, and nothing else
+    assert not torch.allclose(plain[:, :, :global_rows], ref_out[:, :, :global_rows])
+    torch.testing.assert_close(plain[:, :, global_rows:], ref_out[:, :, global_rows:], atol=0, rtol=0)
+
+
+def test_the_reference_global_rows_drop_the_hashed_entries_of_the_softmax():
+    """The reference rows, written out: softmax over the real keys, times the hashed keep mask over (1 - p)."""
+    tensors, rows, cols, key_valid = _inputs("cpu", torch.float32)
+    q, k, v = tensors[:3]
+    dropout = _dropout("cpu", (rows.shape[0],))
+    out, _ = _run("reference", tensors, rows, cols, key_valid, 2, **dropout)
+    keep = global_rows_keep(dropout["global_seed"], B, H, 2, N, 0.3)  # (B, H, 2, N)
+    assert 0.5 < keep.float().mean() < 0.9
+    scores = (q[:, :, :2] @ k.transpose(-1, -2) * D**-0.5).masked_fill(~key_valid[:, None, None, :], -torch.inf)
+    expected = (scores.softmax(-1) * keep / 0.7) @ v
+    real = key_valid[:, None, :2, None]  # a padded global position keeps the method's row
+    torch.testing.assert_close(torch.where(real, out[:, :, :2], expected), expected, atol=1e-5, rtol=1e-5)

@@ -149,3 +149,35 @@ def test_triton_products_skip_an_absent_factor():
     gx, gy = pattern.spmm_pair(values, x, None)
     assert gy is None and gx.shape == (R, K)
     assert pattern.spmm_pair(values, None, None) == (None, None)
+
+
+@pytest.mark.parametrize("backend", ["reference", "fast", pytest.param("triton", marks=INTERPRETER)])
+def test_hashed_edge_dropout_equals_its_materialised_mask(backend):
+    """`keep_seed` (SBM's dropout): each edge's decision is the counter hash of the seed and its position in the
+    padded list, which the Triton kernels regenerate in forward and backward and the other backends materialise;
+    all equal the reference fed that mask explicitly (the real edges' part of it)."""
+    _needs_triton(backend)
+    from attnzoo.kernels.hashing import position_keep
+
+    rows, cols, real = _padded_graph()
+    g = torch.Generator().manual_seed(3)
+    bias = torch.randn(rows.shape, generator=g)
+    grad_out = torch.randn(R, D, generator=g)
+    seed = torch.tensor(2024)
+    keep = position_keep(seed, rows.shape[0], 0.4)
+    assert keep[:real].any() and not keep[:real].all()
+    results = []
+    for options in (
+        {"keep_seed": seed, "backend": backend, "padded": True, "rows": rows, "cols": cols},
+        {"keep": keep[:real], "backend": "reference", "padded": False, "rows": rows[:real], "cols": cols[:real]},
+    ):
+        q, k, v = _inputs()
+        b = bias[: options["rows"].shape[0]].clone().requires_grad_()
+        edges = options.pop("rows"), options.pop("cols")
+        out = edge_attention(q, k, v, *edges, logit_bias=b, dropout_p=0.4, training=True, sorted_rows=True, **options)
+        out.backward(grad_out)
+        results.append((out.detach(), q.grad, k.grad, v.grad, b.grad[:real]))
+    for got, expected in zip(*results, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="not both"):
+        edge_attention(*_inputs(), rows, cols, keep=keep, keep_seed=seed, dropout_p=0.4, training=True, padded=True)

@@ -18,7 +18,7 @@ BODY = """
 from attnzoo.kernels.triton import edgelist, gathered
 
 DTYPES = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "OUT": "*bf16", "DO": "*bf16", "IDX": "*i64",
-          "CROW": "*i64", "COLS": "*i64", "VALID": "*u8", "KEEP": "*u8"}
+          "CROW": "*i64", "COLS": "*i64", "VALID": "*u8", "KEEP": "*u8", "SEED": "*i64"}
 
 # Gathered slots as the families use them: A2-Former (two weighted entries, every option, d = 64 and 128; linear
 # logits), Smart Bird (one entry, validity only); edges with every option and with none.
@@ -29,24 +29,25 @@ for head_dim, entries, dot, options in (
     (64, 2, False, (given, absent, given, absent)),
     (64, 1, True, (absent, given, absent, absent)),
 ):
-    meta = gathered._meta(head_dim, entries, dot, *options, absent, 0)
+    meta = gathered._meta(head_dim, entries, dot, *options, absent, 0, absent)
     compile_kernel(gathered._gathered_fwd, meta, DTYPES)
     needs = {"NEED_WEIGHT": options[0] is given, "NEED_BIAS": options[2] is given}
     compile_kernel(gathered._gathered_bwd, dict(meta, **needs), dict(DTYPES, DQ="*bf16"))  # dq in q's dtype
 # Smart Bird's CUDA path: its global query's dense rows in the kernels, with and without the padding mask (the
-# index is its placeholder); dq in q's dtype.
-for table in (given, absent):
-    meta = gathered._meta(64, 1, True, absent, given, absent, absent, table, 1)
+# index is its placeholder), in training with attention dropout (the rows' mask hashed from SEED) and without;
+# dq in q's dtype.
+for table, seed in ((given, given), (absent, absent), (absent, given)):
+    meta = gathered._meta(64, 1, True, absent, given, absent, given if seed else absent, table, 1, seed)
     pointers = dict(DTYPES, KEY_MASK="*u8" if table else "*i64", DQ="*bf16")
     compile_kernel(gathered._gathered_fwd, meta, pointers)
     compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), pointers)
 # One query of one head (decoding a token): the grid decoding's cdiv then folds over constants.
-meta = gathered._meta(64, 1, True, absent, given, absent, absent, absent, 0)
+meta = gathered._meta(64, 1, True, absent, given, absent, absent, absent, 0, absent)
 ones = ("num_heads", "num_queries")
 compile_kernel(gathered._gathered_fwd, meta, DTYPES, ones)
 compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), dict(DTYPES, DQ="*bf16"), ones)
 for head_dim, flag in ((64, True), (64, False), (128, True)):
-    meta = edgelist._meta(head_dim, *(given if flag else absent for _ in range(3)), absent, 0)
+    meta = edgelist._meta(head_dim, *(given if flag else absent for _ in range(3)), absent, 0, absent, False)
     # H: the heads of head-split inputs (an int argument)
     compile_kernel(edgelist._edge_fwd, meta, DTYPES, ints=("H",))
     # dq is written once per row, in q's dtype

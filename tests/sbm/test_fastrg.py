@@ -17,7 +17,7 @@ import attnzoo.sbm.attention_sbm as attention_sbm
 import attnzoo.sbm.fastrg as fastrg
 from attnzoo.sbm import SBMAttention, SBMConfig
 from attnzoo.sbm.budget import EdgeBudget
-from attnzoo.sbm.fastrg import draw_categorical, dropout_keep, fastrg_edges, poisson_slots, slot_bits
+from attnzoo.sbm.fastrg import draw_categorical, fastrg_edges, poisson_slots, slot_bits
 
 # ----- the sampler this one replaced, as the law's second witness ----------------------------------------------
 
@@ -221,16 +221,6 @@ def test_poisson_slots_hold_the_count():
     for mean in (0.0, 0.5, 30.0, 4e4):
         draws = torch.poisson(torch.full((20000,), mean, dtype=torch.float64), generator=g)
         assert draws.max() <= poisson_slots(mean)
-
-
-def test_dropout_keep_rate():
-    q_memb, k_memb, blocks, *_ = _toy()
-    graph = fastrg_edges(
-        q_memb.repeat(1, 1, 40, 1), k_memb.repeat(1, 1, 40, 1), blocks, delta=0.2, query_valid=None, key_valid=None,
-        causal=False, query_offset=0, structural=None, generator=torch.Generator().manual_seed(0),
-    )  # fmt: skip
-    keep = dropout_keep(graph, 0.3)
-    assert abs(keep.float().mean().item() - 0.7) < 0.01
 
 
 # ----- the budget: slots on an accelerator without reading the device -------------------------------------------

@@ -10,14 +10,13 @@ import torch
 import torch.nn.functional as F
 
 import attnzoo.sbm  # noqa: F401  (registers the family)
-import attnzoo.sbm.sampling as sbm_sampling
 from attnzoo.core.attention import DenseAttention
 from attnzoo.core.compat import get_cache
 from attnzoo.kernels import dense_masked_attention, edge_attention, gated_attention
 from attnzoo.sbm import SBMAttention, SBMConfig, SBMForConditionalGeneration, SBMForSequenceClassification
 from attnzoo.sbm.callbacks import SBMDensityCallback
 from attnzoo.sbm.fastrg import fastrg_edges, fastrg_multigraph
-from attnzoo.sbm.sampling import DenseMaskSTE, EdgeSTE, counter_uniform
+from attnzoo.sbm.sampling import DenseMaskSTE, EdgeSTE
 from attnzoo.testing import assert_same_gradients
 
 
@@ -623,36 +622,6 @@ def test_eval_is_deterministic_and_seeded(backend):
     for layer in model.model.encoder.layers:
         layer.attention.eval_seed = SBMAttention(model.config, layer_idx=layer.attention.layer_idx).eval_seed
     assert not torch.equal(model(input_ids=ids).logits, a)
-
-
-def _counter_uniform_reference(seed: int, num_heads: int, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    # The hash written out, one fresh tensor per op (int64 arithmetic wraps).
-    h = torch.arange(num_heads, dtype=torch.int64)[:, None, None]
-    x = (h + 1) * -0x61C8864680B583EB + rows[None, :, None] * -0x40A7B892E31B1A47
-    x = x + cols[None, None, :] * -0x6B2FB644ECCEEE15 + seed
-    x = x ^ ((x >> 31) & ((1 << 33) - 1))
-    x = x * -0x40A7B892E31B1A47
-    x = x ^ ((x >> 29) & ((1 << 35) - 1))
-    x = x * -0x6B2FB644ECCEEE15
-    x = x ^ ((x >> 32) & ((1 << 32) - 1))
-    return ((x >> 40) & ((1 << 24) - 1)).to(torch.float32) / (1 << 24)
-
-
-@pytest.mark.parametrize("seed", [0, 7, 2**62 + 12345])
-@pytest.mark.parametrize("block_pairs", [1 << 16, 13])  # one block; blocks of 2 query rows, the last one partial
-def test_counter_uniforms_equal_the_plain_hash_bit_for_bit(seed, block_pairs, monkeypatch):
-    monkeypatch.setattr(sbm_sampling, "_CPU_BLOCK_PAIRS", block_pairs)
-    rows, cols = torch.arange(50, 91), torch.tensor([0, 1, 5, 4095, 4096, 10**6])
-    fast = counter_uniform(seed, 3, rows, cols)
-    assert torch.equal(fast, _counter_uniform_reference(seed, 3, rows, cols))
-    assert fast.dtype == torch.float32 and fast.min() >= 0 and fast.max() < 1
-
-
-def test_counter_uniforms_do_not_depend_on_shapes():
-    full = counter_uniform(3, 2, torch.arange(10), torch.arange(12))
-    part = counter_uniform(3, 2, torch.arange(7, 10), torch.arange(12))
-    torch.testing.assert_close(full[:, 7:], part, rtol=0, atol=0)
-    assert 0.45 < full.mean() < 0.55
 
 
 def test_incremental_decoding_matches_full_decoding_in_eval():

@@ -21,8 +21,10 @@ from torch import Tensor
 
 from ..csr import row_pointers
 from ..edgelist import sort_edges
-from ..global_rows import replace_global_rows
+from ..global_rows import replace_global_rows, row_settings
+from ..hashing import keep_threshold
 from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
+from .hashing import keep_at
 from .launch import block_d, check_dtypes, dense
 from .launch import pointer_or as _or
 
@@ -87,11 +89,22 @@ def _edge_chunk(
 
 
 @triton.jit
+def _keep_factor(KEEP, edge, ok, keep_scale, keep_threshold, KEEP_HASH: tl.constexpr):
+    """The edges' dropout factors: `keep_scale` where kept, else 0; kept as the stored mask says, or with
+    `KEEP_HASH` as the counter hash of the seed `KEEP` and the edge's position (`hashing.position_keep`)."""
+    if KEEP_HASH:
+        kept = keep_at(tl.load(KEEP), edge * 0, edge * 0, edge, keep_threshold)
+    else:
+        kept = tl.load(KEEP + edge, mask=ok, other=0) != 0
+    return tl.where(ok & kept, keep_scale, 0.0)
+
+
+@triton.jit
 def _edge_fwd_row(
-    row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, scale, keep_scale,
+    row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, scale, keep_scale, keep_threshold,
     n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr, KEEP_HASH: tl.constexpr,
     GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Forward of one query row over its edges."""
@@ -111,7 +124,7 @@ def _edge_fwd_row(
         p = tl.exp(score - shift)
         row_sum = row_sum * alpha + tl.sum(p, 0)
         if HAS_KEEP:
-            p = p * tl.load(KEEP + edge, mask=ok, other=0).to(tl.float32) * keep_scale
+            p = p * _keep_factor(KEEP, edge, ok, keep_scale, keep_threshold, KEEP_HASH)
         if HAS_WEIGHT:
             p = p * tl.load(WEIGHT + edge, mask=ok, other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v_rows, 0)
@@ -128,11 +141,11 @@ def _edge_fwd_row(
 
 @triton.jit
 def _edge_fwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, scale, keep_scale, global_programs,
-    n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, SEED, scale, keep_scale, keep_threshold,
+    global_programs, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
-    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr, KEEP_HASH: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # With global rows, their `B * H` programs come first, so that their loops over every key start early and
@@ -140,24 +153,24 @@ def _edge_fwd(
     pid = tl.program_id(0).to(tl.int64)
     if GLOBAL_ROWS and pid < global_programs:
         global_rows_fwd(
-            pid, Q, K, V, KEY_MASK, OUT, LSE, H, n, m, scale,
+            pid, Q, K, V, KEY_MASK, OUT, LSE, SEED, H, n, m, scale, keep_threshold, keep_scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sq_b, sq_h, sq_n,
-            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, KEYS,
+            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, KEYS, GLOBAL_DROPOUT,
         )  # fmt: skip
     else:
         _edge_fwd_row(
             pid - global_programs, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, scale, keep_scale,
-            n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-            D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, GLOBALS, KEYS, GLOBAL_ROWS,
+            keep_threshold, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+            D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, KEEP_HASH, GLOBALS, KEYS, GLOBAL_ROWS,
         )  # fmt: skip
 
 
 @triton.jit
 def _edge_bwd_row(
     row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale,
-    keep_scale, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
+    keep_scale, keep_threshold, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr, KEEP_HASH: tl.constexpr,
     NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
     GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
@@ -180,7 +193,7 @@ def _edge_bwd_row(
         grad_final = tl.sum(v_rows * do[None, :], 1)  # d loss / d (p * keep * weight)
         factor = tl.where(ok, 1.0, 0.0)
         if HAS_KEEP:
-            factor = factor * tl.load(KEEP + edge, mask=ok, other=0).to(tl.float32) * keep_scale
+            factor = factor * _keep_factor(KEEP, edge, ok, keep_scale, keep_threshold, KEEP_HASH)
         if NEED_WEIGHT:
             tl.store(DWEIGHT + edge, p * factor * grad_final, mask=ok)
         if HAS_WEIGHT:
@@ -198,27 +211,29 @@ def _edge_bwd_row(
 
 @triton.jit
 def _edge_bwd(
-    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, scale, keep_scale,
-    global_programs, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
+    Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, DO, OUT, LSE, DQ, DK, DV, DBIAS, DWEIGHT, SEED, scale,
+    keep_scale, keep_threshold, global_programs, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+    sdo_b, sdo_h, sdo_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_KEEP: tl.constexpr, KEEP_HASH: tl.constexpr,
     NEED_BIAS: tl.constexpr, NEED_WEIGHT: tl.constexpr,
-    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if GLOBAL_ROWS and pid < global_programs:  # first, as in the forward; dQ, the output shares q's strides, dK
         global_rows_bwd(  # and dV k's and v's (by atomics: LSE is DELTA's placeholder)
-            pid, Q, K, V, KEY_MASK, OUT, DO, LSE, LSE, DQ, DK, DV, H, n, m, scale,
+            pid, Q, K, V, KEY_MASK, OUT, DO, LSE, LSE, DQ, DK, DV, SEED, H, n, m, scale, keep_threshold, keep_scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sq_b, sq_h, sq_n, sdo_b, sdo_h, sdo_n,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, KEYS, True,
+            GLOBAL_DROPOUT,
         )  # fmt: skip
     else:
         _edge_bwd_row(
             pid - global_programs, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, DO, OUT, LSE, DQ, DK, DV, DBIAS,
-            DWEIGHT, scale, keep_scale, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
-            sdo_b, sdo_h, sdo_n, D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, NEED_BIAS, NEED_WEIGHT,
-            GLOBALS, KEYS, GLOBAL_ROWS,
+            DWEIGHT, scale, keep_scale, keep_threshold, n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+            sdo_b, sdo_h, sdo_n, D, BLOCK_D, BLOCK_E, HAS_BIAS, HAS_WEIGHT, HAS_KEEP, KEEP_HASH, NEED_BIAS,
+            NEED_WEIGHT, GLOBALS, KEYS, GLOBAL_ROWS,
         )  # fmt: skip
 
 
@@ -246,29 +261,32 @@ class EdgeAttentionTriton(torch.autograd.Function):
     (`launch.dense`); the output and dq are made like q, the fp32 dK and dV buffers like k and v."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, key_mask, global_rows):
+    def forward(
+        ctx, q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, key_mask, global_rows, global_seed, threshold
+    ):
         n, H, *q_strides = _rows(q)
         m, _, *k_strides = _rows(k)
         _, _, *v_strides = _rows(v)
         num_rows = crow.shape[0] - 1
         out = torch.empty_like(q)
         lse = torch.empty(num_rows, dtype=torch.float32, device=q.device)
-        meta = _meta(q.shape[-1], bias, weight, keep, key_mask, global_rows)
+        meta = _meta(q.shape[-1], bias, weight, keep, key_mask, global_rows, global_seed, _hashed(keep))
         global_programs = num_rows // n if global_rows else 0  # one per (batch, head)
         if num_rows > 0:
             _edge_fwd[(global_programs + num_rows,)](
                 q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), _or(key_mask, crow), out, lse,
-                scale, keep_scale, global_programs, n, m, H, *q_strides, *k_strides, *v_strides, **meta,
+                _or(global_seed, crow), scale, keep_scale, threshold, global_programs, n, m, H, *q_strides,
+                *k_strides, *v_strides, **meta,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, bias, weight, crow, cols, keep, key_mask, out, lse)
-        ctx.keep_scale, ctx.scale, ctx.global_rows = keep_scale, scale, global_rows
+        ctx.save_for_backward(q, k, v, bias, weight, crow, cols, keep, key_mask, out, lse, global_seed)
+        ctx.keep_scale, ctx.scale, ctx.global_rows, ctx.threshold = keep_scale, scale, global_rows, threshold
         return out
 
     @staticmethod
     # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, bias, weight, crow, cols, keep, key_mask, out, lse = ctx.saved_tensors
+        q, k, v, bias, weight, crow, cols, keep, key_mask, out, lse, global_seed = ctx.saved_tensors
         n, H, *q_strides = _rows(q)
         m, _, *k_strides = _rows(k)
         _, _, *v_strides = _rows(v)
@@ -293,14 +311,19 @@ class EdgeAttentionTriton(torch.autograd.Function):
         if num_rows > 0:
             _edge_bwd[(global_programs + num_rows,)](
                 q, k, v, crow, cols, _or(bias, q), _or(weight, q), _or(keep, cols), _or(key_mask, crow), grad_out,
-                out, lse, dq, dk, dv, _or(dbias, dk), _or(dweight, dk), ctx.scale, ctx.keep_scale, global_programs,
-                n, m, H, *q_strides, *k_strides, *v_strides, *_rows(grad_out)[2:],
-                NEED_BIAS=need_bias, NEED_WEIGHT=need_weight,
-                **_meta(q.shape[-1], bias, weight, keep, key_mask, ctx.global_rows),
+                out, lse, dq, dk, dv, _or(dbias, dk), _or(dweight, dk), _or(global_seed, crow), ctx.scale,
+                ctx.keep_scale, ctx.threshold, global_programs, n, m, H, *q_strides, *k_strides,
+                *v_strides, *_rows(grad_out)[2:], NEED_BIAS=need_bias, NEED_WEIGHT=need_weight,
+                **_meta(q.shape[-1], bias, weight, keep, key_mask, ctx.global_rows, global_seed, _hashed(keep)),
             )  # fmt: skip
         if dkv.dtype != k.dtype:
             dk, dv = _like_kv(dkv.to(k.dtype), k, v)
-        return dq, dk, dv, dbias, dweight, None, None, None, None, None, None, None
+        return dq, dk, dv, dbias, dweight, None, None, None, None, None, None, None, None, None
+
+
+def _hashed(keep: Tensor | None) -> bool:
+    """Whether `keep` is the `()` int64 seed of a hashed dropout mask rather than a uint8 mask per edge."""
+    return keep is not None and keep.dtype == torch.int64
 
 
 def _like_kv(flat: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -309,7 +332,9 @@ def _like_kv(flat: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     return first.as_strided(k.shape, k.stride()), second.as_strided(v.shape, v.stride())
 
 
-def _meta(head_dim: int, bias, weight, keep, key_mask, global_rows: int) -> dict:
+def _meta(
+    head_dim: int, bias, weight, keep, key_mask, global_rows: int, global_seed: Tensor | None, keep_hash: bool
+) -> dict:
     return {
         "D": head_dim,
         "BLOCK_D": block_d(head_dim),
@@ -318,9 +343,11 @@ def _meta(head_dim: int, bias, weight, keep, key_mask, global_rows: int) -> dict
         "HAS_BIAS": bias is not None,
         "HAS_WEIGHT": weight is not None,
         "HAS_KEEP": keep is not None,
+        "KEEP_HASH": keep_hash,  # `keep` is the seed of the hashed mask (`hashing.position_keep`), not a mask
         "GLOBALS": max(global_rows, 1),
         "KEYS": 0 if key_mask is None else 2,  # the padding mask as uint8 (global_rows.is_real)
         "GLOBAL_ROWS": global_rows > 0,
+        "GLOBAL_DROPOUT": global_seed is not None,
         "BLOCK_G": MAX_FUSED_GLOBALS,
         "BLOCK_N": BLOCK_N,
     }
@@ -342,13 +369,17 @@ def edge_attention_triton(
     crow: Tensor | None = None,
     global_rows: int = 0,
     key_valid: Tensor | None = None,
+    global_seed: Tensor | None = None,
+    keep_seed: Tensor | None = None,
 ) -> Tensor:
     """Triton implementation of [`attnzoo.kernels.edge_attention`] with an explicit dropout keep-mask `keep` (E,)
-    in the caller's edge order, or None; arguments as there (and checked there): q, k, v flat `(rows, d)` or
-    head-split `(B, H, rows, d)` (read in place, any dense layout), the result shaped and laid out as q. q, k and v
-    share one dtype among fp32, bf16 and fp16; the result has it too. `crow`: the row pointers of sorted rows, if the
-    caller has them. `global_rows` and `key_valid`: the global queries' dense rows, computed in the kernels (up to
-    `MAX_FUSED_GLOBALS` of them; more are replaced after the kernel)."""
+    in the caller's edge order, or the seed of a hashed one (`keep_seed`, with `sorted_rows`: the kernels regenerate
+    each edge's decision from its position), or neither; arguments as there (and checked there): q, k, v flat
+    `(rows, d)` or head-split `(B, H, rows, d)` (read in place, any dense layout), the result shaped and laid out as
+    q. q, k and v share one dtype among fp32, bf16 and fp16; the result has it too. `crow`: the row pointers of
+    sorted rows, if the caller has them. `global_rows` and `key_valid`: the global queries' dense rows, computed in
+    the kernels (up to `MAX_FUSED_GLOBALS` of them; more are replaced after the kernel), with the dropout mask
+    hashed from `global_seed` (`None`: no dropout on them)."""
     check_dtypes(q, k, v)
     num_rows = q.shape[:-1].numel()
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
@@ -359,12 +390,19 @@ def edge_attention_triton(
     q, k, v = (dense(t) for t in (q, k, v))
     keep_scale = 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)
     keep = None if keep is None else keep.contiguous().view(torch.uint8)
+    if keep_seed is not None:
+        if keep is not None or not sorted_rows:
+            raise ValueError("keep_seed takes the place of keep, on edges the caller sorted (sorted_rows=True)")
+        keep = keep_seed
     bias = None if logit_bias is None else logit_bias.contiguous()
     weight = None if edge_weight is None else edge_weight.contiguous()
     fused = global_rows if global_rows <= MAX_FUSED_GLOBALS else 0
     key_mask = key_valid.contiguous().view(torch.uint8) if fused and key_valid is not None else None
     cols = cols.contiguous()
-    out = EdgeAttentionTriton.apply(q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, key_mask, fused)
+    seed = global_seed if fused else None
+    out = EdgeAttentionTriton.apply(
+        q, k, v, bias, weight, crow, cols, keep, keep_scale, scale, key_mask, fused, seed, keep_threshold(dropout_p)
+    )
     if global_rows and not fused:
-        out = replace_global_rows(out, q, k, v, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
+        out = replace_global_rows(out, q, k, v, key_valid, global_rows, **row_settings(scale, dropout_p, global_seed))
     return out

@@ -29,22 +29,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-# The counter hash's constants: must equal `attnzoo.sbm.sampling` (`_MIX1`, `_MIX2`, `_GOLDEN`) and
-# `attnzoo.sbm.fastrg` (`_EXPLORATION_STREAM`, `_CDF_UNITS`); a test compares them.
-MIX1 = -0x40A7B892E31B1A47
-MIX2 = -0x6B2FB644ECCEEE15
-GOLDEN = -0x61C8864680B583EB
+from .hashing import GOLDEN, mix
+
+# Must equal `attnzoo.sbm.fastrg` (`_EXPLORATION_STREAM`, `_CDF_UNITS`); a test compares them (and the hash's own
+# constants, `hashing.py`, with `attnzoo.kernels.hashing`'s).
 EXPLORATION_STREAM = 0x2545F4914F6CDD1D
 CDF_UNITS = float(1 << 30)
-_MIX1, _MIX2, _GOLDEN = tl.constexpr(MIX1), tl.constexpr(MIX2), tl.constexpr(GOLDEN)
+_GOLDEN = tl.constexpr(GOLDEN)
 _STREAM = tl.constexpr(EXPLORATION_STREAM)
 #: the key draws' stream (3 * the exploration offset, below 2**63)
 _KEY_STREAM = tl.constexpr(3 * EXPLORATION_STREAM)
 _CDF = tl.constexpr(CDF_UNITS)
 _LOW31 = tl.constexpr((1 << 31) - 1)
-_LOW32 = tl.constexpr((1 << 32) - 1)
-_LOW33 = tl.constexpr((1 << 33) - 1)
-_LOW35 = tl.constexpr((1 << 35) - 1)
 #: the smallest normal fp32, the reference's floor of a row total
 _TINY = tl.constexpr(torch.finfo(torch.float32).tiny)
 #: slots per program of the draw and edge-list kernels; entries of a table row per step of the cumulative sums, and
@@ -52,17 +48,6 @@ _TINY = tl.constexpr(torch.finfo(torch.float32).tiny)
 BLOCK_SLOTS = 256
 BLOCK_TABLE = 128
 TABLE_TILE = 4096
-
-
-@triton.jit
-def _mix(x):
-    """The splitmix-style finaliser of `attnzoo.sbm.sampling.mix_bits_` on int64 (products wrap)."""
-    x ^= (x >> 31) & _LOW33
-    x *= _MIX1
-    x ^= (x >> 29) & _LOW35
-    x *= _MIX2
-    x ^= (x >> 32) & _LOW32
-    return x
 
 
 @triton.jit
@@ -171,13 +156,13 @@ def _draw_pair_ids(
     live = (fast | explore) & (bh < num_heads_flat)
     bh = tl.minimum(bh, num_heads_flat - 1)
     seed = tl.load(SEED)
-    bits = _mix(seed + tl.where(fast, 0, _STREAM) + position * _GOLDEN)
+    bits = mix(seed + tl.where(fast, 0, _STREAM) + position * _GOLDEN)
     low = bits & _LOW31
     high = (bits >> 32) & _LOW31
     # fastRG: query ∝ its rate, cluster ∝ (Q̂_i Ŝ)_v z_v, key ∝ K̂_jv
     i_fast = _draw(ROW_CUM, bh, n, low, fast, STEPS_N)
     cluster = _draw(CLUSTER_CUM, bh * n + i_fast, k, high, fast, STEPS_K)
-    key_bits = _mix(seed + _KEY_STREAM + position * _GOLDEN) & _LOW31
+    key_bits = mix(seed + _KEY_STREAM + position * _GOLDEN) & _LOW31
     j_fast = _draw(KEY_CUM, bh * k + cluster, m, key_bits, fast, STEPS_M)
     # exploration: a uniform real position on each side
     batch = bh // heads

@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..global_rows import replace_global_rows
+from ..global_rows import replace_global_rows, row_settings
+from ..hashing import keep_threshold
 from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
 from .global_rows import load_rows as _load_rows
 from .global_rows import scatter_rows as _scatter_rows
@@ -122,12 +123,12 @@ def _slots_fwd(
 
 @triton.jit
 def _gathered_fwd(
-    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, LSE,
-    num_heads, num_queries, num_keys, num_slots, scale, keep_scale, global_programs,
+    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, LSE, SEED,
+    num_heads, num_queries, num_keys, num_slots, scale, keep_scale, keep_threshold, global_programs,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
-    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # With global rows, their `B * H` programs come first, so that their loops over every key start early and
@@ -135,9 +136,9 @@ def _gathered_fwd(
     pid = tl.program_id(0).to(tl.int64)
     if GLOBAL_ROWS and pid < global_programs:
         global_rows_fwd(
-            pid, Q, K, V, KEY_MASK, OUT, LSE, num_heads, num_queries, num_keys, scale,
-            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, KEYS,
+            pid, Q, K, V, KEY_MASK, OUT, LSE, SEED, num_heads, num_queries, num_keys, scale, keep_threshold,
+            keep_scale, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, KEYS, GLOBAL_DROPOUT,
         )  # fmt: skip
     else:
         _slots_fwd(
@@ -215,23 +216,24 @@ def _slots_bwd(
 
 @triton.jit
 def _gathered_bwd(
-    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS,
-    num_heads, num_queries, num_keys, num_slots, scale, keep_scale, global_programs,
+    Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS, SEED,
+    num_heads, num_queries, num_keys, num_slots, scale, keep_scale, keep_threshold, global_programs,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdk_b, sdk_h, sdk_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
     NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
-    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if GLOBAL_ROWS and pid < global_programs:  # first, as in the forward; dQ shares q's strides
         global_rows_bwd(  # dK / dV by atomics (no DELTA: LSE is its placeholder)
-            pid, Q, K, V, KEY_MASK, OUT, DO, LSE, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+            pid, Q, K, V, KEY_MASK, OUT, DO, LSE, LSE, DQ, DK, DV, SEED, num_heads, num_queries, num_keys, scale,
+            keep_threshold, keep_scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
             sq_b, sq_h, sq_n, sdk_b, sdk_h, sdk_n, sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS,
-            KEYS, True,
+            KEYS, True, GLOBAL_DROPOUT,
         )  # fmt: skip
     else:
         _slots_bwd(
@@ -247,32 +249,35 @@ class GatheredAttentionTriton(torch.autograd.Function):
     """Autograd wrapper of the two kernels; see [`gathered_attention_triton`] for the arguments."""
 
     @staticmethod
-    def forward(ctx, q, k, v, weight, bias, idx, valid, keep, keep_scale, scale, dot_product, key_mask, global_rows):
+    def forward(
+        ctx, q, k, v, weight, bias, idx, valid, keep, keep_scale, scale, dot_product, key_mask, global_rows,
+        global_seed, threshold,
+    ):  # fmt: skip
         B, H, Nq, D = q.shape
         num_slots = idx.shape[3]
         entries = idx.shape[4]
         # (B, Nq, H, d) in memory, as the heads are merged next: the merge is then a view, not a copy.
         out = torch.empty(B, Nq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
         lse = torch.empty(B * H * Nq, dtype=torch.float32, device=q.device)
-        meta = _meta(D, entries, dot_product, weight, valid, bias, keep, key_mask, global_rows)
+        meta = _meta(D, entries, dot_product, weight, valid, bias, keep, key_mask, global_rows, global_seed)
         global_programs = B * H if global_rows else 0
         grid = (global_programs + triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
             _gathered_fwd[grid](
                 q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), _or(key_mask, idx),
-                out, lse, H, Nq, k.shape[2], num_slots, scale, keep_scale, global_programs,
-                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
-                **meta,
+                out, lse, _or(global_seed, idx), H, Nq, k.shape[2], num_slots, scale, keep_scale, threshold,
+                global_programs, *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out), **meta,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, weight, bias, idx, valid, keep, key_mask, out, lse)
+        ctx.save_for_backward(q, k, v, weight, bias, idx, valid, keep, key_mask, out, lse, global_seed)
         ctx.keep_scale, ctx.scale, ctx.dot_product, ctx.global_rows = keep_scale, scale, dot_product, global_rows
+        ctx.threshold = threshold
         return out
 
     @staticmethod
     # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, weight, bias, idx, valid, keep, key_mask, out, lse = ctx.saved_tensors
+        q, k, v, weight, bias, idx, valid, keep, key_mask, out, lse, global_seed = ctx.saved_tensors
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
         num_slots, entries = idx.shape[3], idx.shape[4]
@@ -288,14 +293,14 @@ class GatheredAttentionTriton(torch.autograd.Function):
         dkv = torch.zeros(2 if dot else 1, B, Nk, H, D, dtype=torch.float32, device=q.device)
         dweight = torch.empty(idx.shape, dtype=torch.float32, device=q.device) if need_weight else None
         dbias = torch.empty(idx.shape[:4], dtype=torch.float32, device=q.device) if need_bias else None
-        meta = _meta(D, entries, dot, weight, valid, bias, keep, key_mask, ctx.global_rows)
+        meta = _meta(D, entries, dot, weight, valid, bias, keep, key_mask, ctx.global_rows, global_seed)
         global_programs = B * H if ctx.global_rows else 0
         grid = (global_programs + triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
             _gathered_bwd[grid](
                 q, k, v, idx, _or(weight, idx), _or(valid, idx), _or(bias, idx), _or(keep, idx), _or(key_mask, idx),
                 out, grad_out, lse, _or(dq, q), dkv[0], dkv[-1], _or(dweight, lse), _or(dbias, lse),
-                H, Nq, Nk, num_slots, ctx.scale, ctx.keep_scale, global_programs,
+                _or(global_seed, idx), H, Nq, Nk, num_slots, ctx.scale, ctx.keep_scale, ctx.threshold, global_programs,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out), *row_strides(grad_out),
                 *row_strides(dkv[0].transpose(1, 2)),
                 NEED_WEIGHT=need_weight, NEED_BIAS=need_bias, **meta,
@@ -303,12 +308,14 @@ class GatheredAttentionTriton(torch.autograd.Function):
         if dkv.dtype != k.dtype:
             dkv = dkv.to(k.dtype)
         dkv = dkv.transpose(2, 3)  # (2 or 1, B, H, Nk, d)
-        return dq, dkv[0] if dot else None, dkv[-1], dweight, dbias, None, None, None, None, None, None, None, None
+        none = (None,) * 10
+        return dq, dkv[0] if dot else None, dkv[-1], dweight, dbias, *none
 
 
 def _meta(
-    head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep, key_mask, global_rows: int
-) -> dict:
+    head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep, key_mask, global_rows: int,
+    global_seed: Tensor | None,
+) -> dict:  # fmt: skip
     return {
         **query_tile_meta(head_dim),
         "J": entries,
@@ -320,6 +327,7 @@ def _meta(
         "GLOBALS": max(global_rows, 1),
         "KEYS": 0 if key_mask is None else 2,  # the padding mask as uint8 (global_rows.is_real)
         "GLOBAL_ROWS": global_rows > 0,
+        "GLOBAL_DROPOUT": global_seed is not None,
         "BLOCK_G": MAX_FUSED_GLOBALS,
         "BLOCK_N": BLOCK_N,
     }
@@ -340,11 +348,13 @@ def gathered_attention_triton(
     dropout_p: float = 0.0,
     global_rows: int = 0,
     key_valid: Tensor | None = None,
+    global_seed: Tensor | None = None,
 ) -> Tensor:
     """Triton implementation of [`attnzoo.kernels.gathered_attention`] with an explicit dropout keep-mask `keep`
     (B, H, Nq, K) or None; arguments as there (and checked there). q, k and v share one dtype among fp32, bf16 and
     fp16; the result has it too. `global_rows` and `key_valid`: the global queries' dense rows, computed in the
-    kernels (up to `MAX_FUSED_GLOBALS` of them, with the dot product; otherwise replaced after the kernel)."""
+    kernels (up to `MAX_FUSED_GLOBALS` of them, with the dot product; otherwise replaced after the kernel), with the
+    dropout mask hashed from `global_seed` (`None`: no dropout on them)."""
     check_dtypes(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -364,8 +374,9 @@ def gathered_attention_triton(
     fused = global_rows if dot_product and global_rows <= MAX_FUSED_GLOBALS else 0
     key_mask = key_valid.contiguous().view(torch.uint8) if fused and key_valid is not None else None
     out = GatheredAttentionTriton.apply(
-        q, k, v, weight, logit_bias, idx.contiguous(), valid, keep, keep_scale, scale, dot_product, key_mask, fused
-    )
+        q, k, v, weight, logit_bias, idx.contiguous(), valid, keep, keep_scale, scale, dot_product, key_mask, fused,
+        global_seed if fused else None, keep_threshold(dropout_p),
+    )  # fmt: skip
     if global_rows and not fused:
-        out = replace_global_rows(out, q, k, v, key_valid, global_rows, scale=scale, dropout_p=0.0, training=False)
+        out = replace_global_rows(out, q, k, v, key_valid, global_rows, **row_settings(scale, dropout_p, global_seed))
     return out

@@ -11,6 +11,10 @@ method's own programs skip the replaced rows' outputs and take no gradient from 
 The real keys (`KEYS`, a compile-time switch): 0 every key is real; 1 `BEFORE` is the `(B, Nk)` int32 table of the
 nearest real key at or before every position ([`key_tables`], which A²-Former's interpolation needs anyway): key `j`
 is real when its entry is `j`; 2 `BEFORE` is the `(B, Nk)` padding mask itself, as uint8 (no table to build).
+
+Attention dropout (`DROPOUT`): the rows' keep mask is the counter hash of the call's seed (`SEED`, a `()` int64
+tensor) and of (batch * heads + head, query, key) (`hashing.keep_at`), regenerated in backward: no mask is stored,
+and the torch rows (`attnzoo.kernels.dense.global_rows_keep`) draw the same one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from .hashing import keep_at
 
 # Global queries per (batch, head) program: tl.dot's smallest tile; more fall back to the torch rows.
 MAX_FUSED_GLOBALS = 16
@@ -105,11 +111,18 @@ def _key_tile(
 
 
 @triton.jit
+def dropout_factor(SEED, bh, row, key, keep_threshold, keep_scale):
+    """The inverted-dropout factor of the global query `row` against `key` of flat head `bh` (broadcast together):
+    `keep_scale` where the hash keeps the entry, else 0 (`attnzoo.kernels.dense.global_rows_keep`'s mask)."""
+    return tl.where(keep_at(tl.load(SEED), bh, row, key, keep_threshold), keep_scale, 0.0)
+
+
+@triton.jit
 def global_rows_fwd(
-    bh, Q, K, V, BEFORE, OUT, LSE, num_heads, lse_rows, num_keys, scale,
+    bh, Q, K, V, BEFORE, OUT, LSE, SEED, num_heads, lse_rows, num_keys, scale, keep_threshold, keep_scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
-    KEYS: tl.constexpr,
+    KEYS: tl.constexpr, DROPOUT: tl.constexpr,
 ):  # fmt: skip
     """The global queries of one (batch, head): dense softmax attention over every real key (online softmax over
     key tiles), replacing the method's rows for the real ones; their log-sum-exps go to `LSE`, `lse_rows` per
@@ -134,7 +147,9 @@ def global_rows_fwd(
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(row_max - shift)
         p = tl.exp(scores - shift[:, None])
-        row_sum = row_sum * alpha + tl.sum(p, 1)
+        row_sum = row_sum * alpha + tl.sum(p, 1)  # the softmax's sum, before dropout
+        if DROPOUT:
+            p = p * dropout_factor(SEED, bh, rows[:, None], keys[None, :], keep_threshold, keep_scale)
         acc = acc * alpha[:, None] + tl.dot(p, v_tile, input_precision="ieee")
         row_max = m_new
     has_mass = row_sum > 0.0
@@ -154,15 +169,16 @@ def scatter_rows(DX, stride, keys, grad, mask, dim):
 
 @triton.jit
 def global_rows_bwd(
-    bh, Q, K, V, BEFORE, OUT, DO, LSE, DELTA, DQ, DK, DV, num_heads, lse_rows, num_keys, scale,
+    bh, Q, K, V, BEFORE, OUT, DO, LSE, DELTA, DQ, DK, DV, SEED, num_heads, lse_rows, num_keys, scale, keep_threshold,
+    keep_scale,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sdv_b, sdv_h, sdv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
-    KEYS: tl.constexpr, SCATTER: tl.constexpr,
+    KEYS: tl.constexpr, SCATTER: tl.constexpr, DROPOUT: tl.constexpr,
 ):  # fmt: skip
     """Backward of the global queries' dense rows of one (batch, head): dQ of those rows, and with `SCATTER` their
     dK / dV of every key (fp32 atomics), else their `rowsum(dO * O)` into `DELTA` (laid out as `LSE`) for the
-    method's key-major pass."""
+    method's key-major pass (which regenerates their dropout mask with [`dropout_factor`])."""
     b, h = bh // num_heads, bh % num_heads
     rows = tl.arange(0, BLOCK_G)
     real = replaced_rows(BEFORE, b, num_keys, rows, GLOBALS, KEYS, True)
@@ -186,11 +202,16 @@ def global_rows_bwd(
         )  # fmt: skip
         p = tl.where(real[:, None] & key_ok[None, :], tl.exp(scores - lse[:, None]), 0.0)
         grad_p = tl.dot(do, tl.trans(v_tile), input_precision="ieee")
+        kept = p
+        if DROPOUT:  # out = sum_j p_j f_j v_j: the gradient of p_j is f_j <dO, v_j>
+            factor = dropout_factor(SEED, bh, rows[:, None], keys[None, :], keep_threshold, keep_scale)
+            grad_p = grad_p * factor
+            kept = p * factor
         grad_s = p * (grad_p - delta[:, None]) * scale
         dq += tl.dot(grad_s, k_tile, input_precision="ieee")
         if SCATTER:
             scatter_rows(dk, sdk_n, keys, tl.dot(tl.trans(grad_s), q, input_precision="ieee"), tile_mask, dim)
-            scatter_rows(dv, sdv_n, keys, tl.dot(tl.trans(p), do, input_precision="ieee"), tile_mask, dim)
+            scatter_rows(dv, sdv_n, keys, tl.dot(tl.trans(kept), do, input_precision="ieee"), tile_mask, dim)
     dq_ptr = DQ + b * sdq_b + h * sdq_h + rows[:, None].to(tl.int64) * sdq_n + dim[None, :]
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
 

@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..global_rows import replace_global_rows
+from ..global_rows import replace_global_rows, row_settings
+from ..hashing import keep_threshold
 from .gathered import _query_block
 from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, is_real, key_tables
 from .global_rows import load_rows as _load_rows
@@ -209,23 +210,23 @@ def _points_fwd(
 
 @triton.jit
 def _interpolated_fwd(
-    Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, REAL, OUT, LSE, STATS,
-    num_heads, num_queries, num_keys, query_offset, scale, keep_scale, global_programs,
+    Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, REAL, OUT, LSE, STATS, SEED,
+    num_heads, num_queries, num_keys, query_offset, scale, keep_scale, keep_threshold, global_programs,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr, P2: tl.constexpr,
     GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
     DOT: tl.constexpr, HAS_KEEP: tl.constexpr, DENSITY: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    GLOBAL_DROPOUT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # The global-row programs (one per (batch, head)) come first, so that their loops over every key start early
     # and overlap the thousands of short point programs.
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:
         global_rows_fwd(
-            pid, Q, K, V, BEFORE, OUT, LSE, num_heads, num_queries, num_keys, scale,
-            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES,
+            pid, Q, K, V, BEFORE, OUT, LSE, SEED, num_heads, num_queries, num_keys, scale, keep_threshold,
+            keep_scale, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+            D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS, HAS_TABLES, GLOBAL_DROPOUT,
         )  # fmt: skip
     else:
         _points_fwd(
@@ -335,23 +336,24 @@ def _points_bwd(
 
 @triton.jit
 def _interpolated_bwd(
-    Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF, DLOGIT,
-    num_heads, num_queries, num_keys, query_offset, scale, keep_scale, global_programs,
+    Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF, DLOGIT, SEED,
+    num_heads, num_queries, num_keys, query_offset, scale, keep_scale, keep_threshold, global_programs,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
     sdp_b, sdp_h, sdp_n, sdp_k,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr,
     GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
     DOT: tl.constexpr, HAS_KEEP: tl.constexpr, NEED_OFFSETS: tl.constexpr, NEED_LOGITS: tl.constexpr,
-    GLOBAL_ROWS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:  # first, as in the forward
         global_rows_bwd(  # dK / dV by atomics (no DELTA: LSE is its placeholder)
-            pid, Q, K, V, BEFORE, OUT, DO, LSE, LSE, DQ, DK, DV, num_heads, num_queries, num_keys, scale,
+            pid, Q, K, V, BEFORE, OUT, DO, LSE, LSE, DQ, DK, DV, SEED, num_heads, num_queries, num_keys, scale,
+            keep_threshold, keep_scale,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
             sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_G, BLOCK_N, GLOBALS,
-            HAS_TABLES, True,
+            HAS_TABLES, True, GLOBAL_DROPOUT,
         )  # fmt: skip
     else:
         _points_bwd(
@@ -376,9 +378,10 @@ class _Selection:
     keep_scale: float
     density: bool
     global_rows: bool  # the global queries' dense rows are computed in the kernels
+    keep_threshold: int  # their dropout's (hashing.keep_threshold), when a seed is given
 
 
-def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_logits, keep) -> dict:
+def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_logits, keep, seed) -> dict:
     return {
         # As the gathered kernel: the same two-neighbour gathers per slot.
         **query_tile_meta(head_dim),
@@ -390,6 +393,7 @@ def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_l
         "DOT": point_logits is None,
         "HAS_KEEP": keep is not None,
         "GLOBAL_ROWS": selection.global_rows,
+        "GLOBAL_DROPOUT": seed is not None,
         # The global rows' programs: up to 16 queries (tl.dot's smallest tile) against key tiles.
         "BLOCK_G": MAX_FUSED_GLOBALS,
         "BLOCK_N": BLOCK_N,
@@ -404,26 +408,27 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
     """Autograd wrapper of the two kernels; see [`interpolated_attention_triton`] for the arguments."""
 
     @staticmethod
-    def forward(ctx, q, k, v, offsets, point_logits, keep, before, after, real, selection: _Selection):
+    def forward(ctx, q, k, v, offsets, point_logits, keep, before, after, real, seed, selection: _Selection):
         B, H, Nq, D = q.shape
         num_points = offsets.shape[3]
         # (B, Nq, H, d) in memory, as the heads are merged next: the merge is then a view, not a copy.
         out = torch.empty(B, Nq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
         lse = torch.empty(B * H * Nq, dtype=torch.float32, device=q.device)
-        meta = _meta(D, num_points, selection, before, point_logits, keep)
+        meta = _meta(D, num_points, selection, before, point_logits, keep, seed)
         blocks = triton.cdiv(Nq, meta["BLOCK_M"]) * B * H
         global_programs = B * H if selection.global_rows else 0
         stats = torch.empty(blocks if selection.density else 0, 2, dtype=torch.float32, device=q.device)
         if blocks > 0:
             _interpolated_fwd[(global_programs + blocks,)](
                 q, k, v, offsets, _or(point_logits, offsets), _or(keep, offsets), _or(before, offsets),
-                _or(after, offsets), _or(real, offsets), out, lse, stats,
-                H, Nq, k.shape[2], selection.query_offset, selection.scale, selection.keep_scale, global_programs,
+                _or(after, offsets), _or(real, offsets), out, lse, stats, _or(seed, offsets),
+                H, Nq, k.shape[2], selection.query_offset, selection.scale, selection.keep_scale,
+                selection.keep_threshold, global_programs,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
                 *offsets.stride(), *_strides4(point_logits, offsets),
                 P2=max(2, triton.next_power_of_2(num_points)), DENSITY=selection.density, **meta,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, offsets, point_logits, keep, before, after, out, lse)
+        ctx.save_for_backward(q, k, v, offsets, point_logits, keep, before, after, out, lse, seed)
         ctx.selection = selection
         ctx.mark_non_differentiable(stats)
         ctx.set_materialize_grads(False)  # no zero-filled gradient for the statistics
@@ -434,8 +439,8 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _grad_stats):
         if grad_out is None:  # only the statistics were used
-            return (None,) * 10
-        q, k, v, offsets, point_logits, keep, before, after, out, lse = ctx.saved_tensors
+            return (None,) * 11
+        q, k, v, offsets, point_logits, keep, before, after, out, lse, seed = ctx.saved_tensors
         selection = ctx.selection
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
@@ -451,15 +456,16 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
         dq = torch.empty_like(q) if reads_q else None
         doff = torch.empty_like(offsets, dtype=torch.float32) if need_offsets else None
         dlogits = torch.empty_like(offsets, dtype=torch.float32) if need_logits else None
-        meta = _meta(D, offsets.shape[3], selection, before, point_logits, keep)
+        meta = _meta(D, offsets.shape[3], selection, before, point_logits, keep, seed)
         blocks = triton.cdiv(Nq, meta["BLOCK_M"]) * B * H
         global_programs = B * H if selection.global_rows else 0
         if blocks > 0:
             _interpolated_bwd[(global_programs + blocks,)](
                 q, k, v, offsets, _or(point_logits, offsets), _or(keep, offsets), _or(before, offsets),
                 _or(after, offsets), out, grad_out, lse,
-                _or(dq, q), dkv[0], dkv[-1], _or(doff, offsets), _or(dlogits, offsets),
-                H, Nq, Nk, selection.query_offset, selection.scale, selection.keep_scale, global_programs,
+                _or(dq, q), dkv[0], dkv[-1], _or(doff, offsets), _or(dlogits, offsets), _or(seed, offsets),
+                H, Nq, Nk, selection.query_offset, selection.scale, selection.keep_scale, selection.keep_threshold,
+                global_programs,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out), *row_strides(grad_out),
                 *row_strides(_or(dq, q)), *row_strides(dkv[0].transpose(1, 2)), *offsets.stride(),
                 *_strides4(point_logits, offsets),
@@ -473,7 +479,7 @@ class InterpolatedAttentionTriton(torch.autograd.Function):
             doff = doff.to(offsets.dtype)
         if dlogits is not None and dlogits.dtype != point_logits.dtype:
             dlogits = dlogits.to(point_logits.dtype)
-        return dq, dkv[0] if reads_q else None, dkv[-1], doff, dlogits, None, None, None, None, None
+        return dq, dkv[0] if reads_q else None, dkv[-1], doff, dlogits, None, None, None, None, None, None
 
 
 def interpolated_attention_triton(
@@ -492,15 +498,15 @@ def interpolated_attention_triton(
     scale: float | None = None,
     keep: Tensor | None = None,
     dropout_p: float = 0.0,
-    training: bool = False,
+    global_seed: Tensor | None = None,
     density: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Triton implementation of [`attnzoo.kernels.dispatch.interpolated_attention`] (arguments as there, checked
     there). q, k and v share one dtype among fp32, bf16 and fp16; the offsets and point logits are fp32.
 
-    The global queries' dense rows run in the kernels (one extra program per (batch, head), started first), except
-    with dropout in training, whose mask on the rows must come from the global RNG as the reference draws it, and
-    beyond 16 global tokens: then [`~attnzoo.kernels.interpolated.replace_global_rows`] follows the kernel.
+    The global queries' dense rows run in the kernels (one extra program per (batch, head), started first), with
+    the dropout mask hashed from `global_seed` (`None`: no dropout on them), except beyond 16 global tokens: then
+    [`~attnzoo.kernels.global_rows.replace_global_rows`] follows the kernel.
 
     Returns:
         The output `(B, H, Nq, d)` in the dtype of the inputs and the density `(B, H)` (None without `density`).
@@ -518,7 +524,7 @@ def interpolated_attention_triton(
         before, after, real = key_tables(key_valid)
     if keep is not None:
         keep = keep.contiguous().view(torch.uint8)
-    fused_rows = global_rows and 0 < num_global <= MAX_FUSED_GLOBALS and not (training and dropout_p > 0.0)
+    fused_rows = global_rows and 0 < num_global <= MAX_FUSED_GLOBALS
     selection = _Selection(
         num_global=num_global,
         causal=causal,
@@ -528,13 +534,14 @@ def interpolated_attention_triton(
         keep_scale=0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p),
         density=density,
         global_rows=fused_rows,
+        keep_threshold=keep_threshold(dropout_p),
     )
+    seed = global_seed if fused_rows else None
     out, stats = InterpolatedAttentionTriton.apply(
-        q, k, v, offsets, point_logits, keep, before, after, real, selection
+        q, k, v, offsets, point_logits, keep, before, after, real, seed, selection
     )
     if global_rows and num_global and not fused_rows:
-        rows = {"scale": scale, "dropout_p": dropout_p, "training": training}
-        out = replace_global_rows(out, q, k, v, key_valid, num_global, **rows)
+        out = replace_global_rows(out, q, k, v, key_valid, num_global, **row_settings(scale, dropout_p, global_seed))
     if not density:
         return out, None
     sums = stats.view(B, q.shape[1], -1, 2).sum(2)  # (B, H, 2): over the blocks of queries of each (b, h)

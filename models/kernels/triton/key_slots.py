@@ -39,9 +39,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..global_rows import replace_global_rows
+from ..global_rows import replace_global_rows, row_settings
+from ..hashing import keep_threshold
 from .global_rows import BLOCK_N as GLOBAL_BLOCK_N
-from .global_rows import MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
+from .global_rows import MAX_FUSED_GLOBALS, dropout_factor, global_rows_bwd, global_rows_fwd, replaced_rows
 from .launch import block_d, check_dtypes, row_strides
 from .launch import pointer_or as _or
 
@@ -169,11 +170,13 @@ def _lower_bound(SORTED, length, target):
 
 @triton.jit
 def _global_rows_dkv(
-    dk, dv, Q, K, V, DO, VALID, GLSE, GDELTA, ok, bh, b, h, j, dim, dim_ok, N, G, scale,
-    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, HAS_VALID: tl.constexpr,
+    dk, dv, Q, K, V, DO, VALID, GLSE, GDELTA, SEED, ok, bh, b, h, j, dim, dim_ok, N, G, scale, keep_scale,
+    keep_threshold, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n,
+    HAS_VALID: tl.constexpr, DROPOUT: tl.constexpr,
 ):  # fmt: skip
     """`dk`, `dv` `(BLOCK_K, BLOCK_D)` of a block of keys (lanes `ok`, each of its own (b, h)) plus the `G` global
-    rows' parts: `sum_r dS_rj q_r` and `sum_r p_rj dO_r`, the probabilities recomputed from the rows' lse."""
+    rows' parts: `sum_r dS_rj q_r` and `sum_r p_rj f_rj dO_r`, the probabilities recomputed from the rows' lse and
+    the dropout factors `f` regenerated from the hash (`DROPOUT`)."""
     key_ok = ok
     if HAS_VALID:
         key_ok = key_ok & (tl.load(VALID + b * N + j, mask=ok, other=0) != 0)
@@ -193,9 +196,15 @@ def _global_rows_dkv(
         lse = tl.load(GLSE + bh * G + r, mask=live, other=0.0)
         delta = tl.load(GDELTA + bh * G + r, mask=live, other=0.0)
         p = tl.where(live, tl.exp(tl.sum(k_rows * q_r, 1) * scale - lse), 0.0)
-        grad_s = p * (tl.sum(v_rows * do_r, 1) - delta) * scale
+        grad_p = tl.sum(v_rows * do_r, 1)
+        kept = p
+        if DROPOUT:
+            factor = dropout_factor(SEED, bh, j * 0 + r, j, keep_threshold, keep_scale)  # a tensor row: `.to` works
+            grad_p = grad_p * factor
+            kept = p * factor
+        grad_s = p * (grad_p - delta) * scale
         dk += grad_s[:, None] * q_r
-        dv += p[:, None] * do_r
+        dv += kept[:, None] * do_r
     return dk, dv
 
 
@@ -275,12 +284,12 @@ def _row_fwd(
 
 @triton.jit
 def _slots_fwd(
-    Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS, GLSE,
-    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, global_programs,
+    Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS, GLSE, SEED,
+    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, global_programs, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
-    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
     # The global-row programs (one per (batch, head), only with GLOBAL_ROWS) come first: their loops over every key
@@ -289,9 +298,9 @@ def _slots_fwd(
     if pid < global_programs:
         if GLOBAL_ROWS:
             global_rows_fwd(
-                pid, Q, K, V, VALID, OUT, GLSE, H, G, N, scale,
+                pid, Q, K, V, VALID, OUT, GLSE, SEED, H, G, N, scale, keep_threshold, keep_scale,
                 sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-                D, BLOCK_D, BLOCK_R, BLOCK_N, GLOBALS, KEYS,
+                D, BLOCK_D, BLOCK_R, BLOCK_N, GLOBALS, KEYS, GLOBAL_DROPOUT,
             )  # fmt: skip
     else:
         _row_fwd(
@@ -397,23 +406,25 @@ def _row_bwd(
 
 @triton.jit
 def _slots_bwd_rows(
-    Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, OUT, DO, LSE, GLSE, GDELTA, DQ, DS, PW, DMEAN, DSG, PG,
-    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, global_programs,
+    Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, OUT, DO, LSE, GLSE, GDELTA, DQ, DS, PW, DMEAN, DSG, PG, SEED,
+    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, global_programs, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdq_b, sdq_h, sdq_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
     HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr, KEYS: tl.constexpr,
+    GLOBAL_DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
+    KEYS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:  # first, as in the forward
         if GLOBAL_ROWS:
             global_rows_bwd(  # their dQ, and their delta (B*H, G) for the key-major kernel's dK / dV (DQ: the
-                pid, Q, K, V, VALID, OUT, DO, GLSE, GDELTA, DQ, DQ, DQ, H, G, N, scale,  # placeholder of DK / DV)
+                pid, Q, K, V, VALID, OUT, DO, GLSE, GDELTA, DQ, DQ, DQ, SEED, H, G, N, scale,  # placeholder of DK
+                keep_threshold, keep_scale,  # and DV)
                 sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
                 sdq_b, sdq_h, sdq_n, sdq_b, sdq_h, sdq_n, sdq_b, sdq_h, sdq_n, D, BLOCK_D, BLOCK_R, BLOCK_N, GLOBALS,
-                KEYS, False,
+                KEYS, False, GLOBAL_DROPOUT,
             )  # fmt: skip
     else:
         _row_bwd(
@@ -456,11 +467,12 @@ def _slots_bwd_global(
 
 @triton.jit
 def _slots_bwd_keys(
-    Q, K, V, DO, QUERY, VALID, DS, PW, DMEAN, GPART, GLSE, GDELTA, DK, DV, H, N, S, G, R, BH, CHUNKS, scale,
+    Q, K, V, DO, QUERY, VALID, DS, PW, DMEAN, GPART, GLSE, GDELTA, DK, DV, SEED, H, N, S, G, R, BH, CHUNKS, scale,
+    keep_scale, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, sdk_b, sdk_h, sdk_n,
     sdv_b, sdv_h, sdv_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr, HAS_GLOBAL: tl.constexpr,
-    HAS_VALID: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    HAS_VALID: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
 ):  # fmt: skip
     """dK and dV of a block of keys from their slots (key-major, no atomics), and with GLOBAL_ROWS from the `G`
     global queries' dense rows; zero prediction gradients of the dropped slots and of the global keys' slots."""
@@ -495,8 +507,9 @@ def _slots_bwd_keys(
             dv += tl.load(GPART + (2 * chunk + 1) * BH * G * D + part, mask=mask, other=0.0)
     if GLOBAL_ROWS:
         dk, dv = _global_rows_dkv(
-            dk, dv, Q, K, V, DO, VALID, GLSE, GDELTA, ok, bh, b, h, j, dim, dim_ok, N, G, scale,
-            sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, HAS_VALID,
+            dk, dv, Q, K, V, DO, VALID, GLSE, GDELTA, SEED, ok, bh, b, h, j, dim, dim_ok, N, G, scale, keep_scale,
+            keep_threshold, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, HAS_VALID,
+            GLOBAL_DROPOUT,
         )  # fmt: skip
     store = ok[:, None] & dim_ok[None, :]
     dk_ptr = DK + b[:, None] * sdk_b + h[:, None] * sdk_h + j[:, None] * sdk_n + dim[None, :]
@@ -516,7 +529,7 @@ class KeySlotAttentionTriton(torch.autograd.Function):
     """Autograd wrapper of the kernels; see [`key_slot_attention_triton`] for the arguments."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mean, query, order, queries, slot_keep, global_keep, valid, settings):
+    def forward(ctx, q, k, v, mean, query, order, queries, slot_keep, global_keep, valid, seed, settings):
         B, H, N, D = q.shape
         num_rows = B * H * N
         out = _empty_heads_like(q)
@@ -531,13 +544,13 @@ class KeySlotAttentionTriton(torch.autograd.Function):
         if num_rows > 0:
             _slots_fwd[(global_programs + num_rows,)](
                 q, k, v, mean, order, queries, crow, order32, _or(slot_keep, query), _or(global_keep, query),
-                _or(valid, query), out, lse, pairs, glse, H, N, query.shape[-1], *settings.runtime(),
-                global_programs, *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out),
-                **settings.meta(D, slot_keep, global_keep, valid),
+                _or(valid, query), out, lse, pairs, glse, _or(seed, query), H, N, query.shape[-1],
+                *settings.runtime(), global_programs, settings.keep_threshold, *row_strides(q), *row_strides(k),
+                *row_strides(v), *row_strides(out), **settings.meta(D, slot_keep, global_keep, valid, seed),
             )  # fmt: skip
         # The output is read back only for the global rows' delta = rowsum(dO * O).
         rows = (out, glse) if settings.global_rows else (None, None)
-        ctx.save_for_backward(q, k, v, mean, query, order32, crow, slot_keep, global_keep, valid, lse, *rows)
+        ctx.save_for_backward(q, k, v, mean, query, order32, crow, slot_keep, global_keep, valid, lse, seed, *rows)
         ctx.settings = settings
         ctx.mark_non_differentiable(pairs)
         # No zero-filled gradient for `pairs` (an integer count) on the way back.
@@ -548,9 +561,9 @@ class KeySlotAttentionTriton(torch.autograd.Function):
     # A hand-written backward: a second derivative through it must fail loudly, not come out wrong or cryptic.
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _grad_pairs):
-        q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse, out, glse = ctx.saved_tensors
+        q, k, v, mean, query, order, crow, slot_keep, global_keep, valid, lse, seed, out, glse = ctx.saved_tensors
         if grad_out is None:  # the output reached no loss
-            return (None,) * 11
+            return (None,) * 12
         settings = ctx.settings
         B, H, N, D = q.shape
         S, G = query.shape[-1], settings.num_global
@@ -563,7 +576,7 @@ class KeySlotAttentionTriton(torch.autograd.Function):
         per_global = torch.empty(2, num_rows, G, dtype=torch.float32, device=q.device)
         chunks = triton.cdiv(N, GLOBAL_CHUNK)
         parts = torch.empty(chunks, 2, B * H, G, D, dtype=torch.float32, device=q.device) if G else per_global
-        meta = settings.meta(D, slot_keep, global_keep, valid)
+        meta = settings.meta(D, slot_keep, global_keep, valid, seed)
         global_programs = B * H if settings.global_rows else 0
         gdelta = torch.empty_like(glse) if settings.global_rows else lse  # the global rows' rowsum(dO * O)
         glse, out = _or(glse, lse), _or(out, q)
@@ -571,7 +584,8 @@ class KeySlotAttentionTriton(torch.autograd.Function):
             _slots_bwd_rows[(global_programs + num_rows,)](
                 q, k, v, mean, order, crow, _or(slot_keep, query), _or(global_keep, query), _or(valid, query),
                 out, grad_out, lse, glse, gdelta, dq, per_slot[0], per_slot[1], dmean, per_global[0],
-                per_global[1], H, N, S, *settings.runtime(), global_programs,
+                per_global[1], _or(seed, query), H, N, S, *settings.runtime(), global_programs,
+                settings.keep_threshold,
                 *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(out), *row_strides(grad_out),
                 *row_strides(dq), TRUNCATE=settings.truncate, **meta,
             )  # fmt: skip
@@ -583,12 +597,13 @@ class KeySlotAttentionTriton(torch.autograd.Function):
                 )  # fmt: skip
             _slots_bwd_keys[(triton.cdiv(num_rows, BLOCK_K),)](
                 q, k, v, grad_out, query, _or(valid, query), per_slot[0], per_slot[1], dmean, parts, glse, gdelta,
-                dk, dv, H, N, S, G, num_rows, B * H, chunks, settings.scale,
-                *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(grad_out), *row_strides(dk),
-                *row_strides(dv), D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_K=BLOCK_K, HAS_GLOBAL=G > 0,
-                HAS_VALID=valid is not None, GLOBAL_ROWS=settings.global_rows, num_warps=NUM_WARPS,
+                dk, dv, _or(seed, query), H, N, S, G, num_rows, B * H, chunks, settings.scale, settings.keep_scale,
+                settings.keep_threshold, *row_strides(q), *row_strides(k), *row_strides(v), *row_strides(grad_out),
+                *row_strides(dk), *row_strides(dv), D=D, BLOCK_D=meta["BLOCK_D"], BLOCK_K=BLOCK_K,
+                HAS_GLOBAL=G > 0, HAS_VALID=valid is not None, GLOBAL_ROWS=settings.global_rows,
+                GLOBAL_DROPOUT=meta["GLOBAL_DROPOUT"], num_warps=NUM_WARPS,
             )  # fmt: skip
-        return dq, dk, dv, dmean, None, None, None, None, None, None, None
+        return dq, dk, dv, dmean, None, None, None, None, None, None, None, None
 
 
 class _Settings:
@@ -596,10 +611,11 @@ class _Settings:
 
     def __init__(
         self, *, num_graph_slots, num_global, own_global, scale, keep_scale, variance, normalized, truncate,
-        global_rows=False,
+        global_rows=False, keep_threshold=0,
     ):  # fmt: skip
         self.num_graph_slots, self.num_global, self.own_global = num_graph_slots, num_global, own_global
         self.global_rows = global_rows  # the global queries' dense rows computed in the kernels
+        self.keep_threshold = keep_threshold  # their dropout's (hashing.keep_threshold), when a seed is given
         self.scale, self.keep_scale, self.truncate = scale, keep_scale, truncate
         self.inv_two_var = 1.0 / (2.0 * variance)
         self.norm = 1.0 / math.sqrt(2.0 * math.pi * variance) if normalized else 1.0
@@ -608,7 +624,7 @@ class _Settings:
         """`G0, G, scale, keep_scale, inv_two_var, norm` as the kernels take them."""
         return self.num_graph_slots, self.num_global, self.scale, self.keep_scale, self.inv_two_var, self.norm
 
-    def meta(self, head_dim: int, slot_keep, global_keep, valid) -> dict:
+    def meta(self, head_dim: int, slot_keep, global_keep, valid, seed) -> dict:
         return {
             "D": head_dim,
             "BLOCK_D": block_d(head_dim),
@@ -620,6 +636,7 @@ class _Settings:
             "HAS_GLOBAL": self.num_global > 0,
             "OWN_GLOBAL": self.own_global,
             "GLOBAL_ROWS": self.global_rows,
+            "GLOBAL_DROPOUT": seed is not None,
             # The global rows' programs: up to 16 queries (tl.dot's smallest tile) against key tiles.
             "BLOCK_R": MAX_FUSED_GLOBALS,
             "BLOCK_N": GLOBAL_BLOCK_N,
@@ -659,15 +676,15 @@ def key_slot_attention_triton(
     global_keep: Tensor | None,
     dropout_p: float,
     global_rows: bool = False,
-    training: bool = False,
+    global_seed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Triton implementation of [`attnzoo.kernels.key_slot_attention`] (arguments as there, checked there; explicit
     keep-masks or None). q, k and v share one dtype among fp32, bf16 and fp16; the output has it too.
 
     With `global_rows`, the global queries' dense rows run in the kernels (one extra program per (batch, head),
-    started first; their dK and dV join the key-major pass), except with dropout in training, whose mask on the rows
-    must come from the global RNG as the reference draws it, and beyond 16 global tokens: then
-    [`~attnzoo.kernels.global_rows.replace_global_rows`] follows the kernel.
+    started first; their dK and dV join the key-major pass), their dropout mask hashed from `global_seed` (`None`:
+    no dropout on them), except beyond 16 global tokens: then [`~attnzoo.kernels.global_rows.replace_global_rows`]
+    follows the kernel.
 
     Returns:
         The output `(B, H, N, d)` and the distinct pair count `(B, H)` float.
@@ -676,7 +693,7 @@ def key_slot_attention_triton(
     B, H, N, D = q.shape
     order, queries = query_major_order(query)
     scale = D**-0.5 if scale is None else float(scale)
-    fused_rows = global_rows and 0 < num_global <= MAX_FUSED_GLOBALS and not (training and dropout_p > 0.0)
+    fused_rows = global_rows and 0 < num_global <= MAX_FUSED_GLOBALS
     settings = _Settings(
         num_graph_slots=num_graph_slots,
         num_global=num_global,
@@ -687,12 +704,15 @@ def key_slot_attention_triton(
         normalized=normalized,
         truncate=truncate,
         global_rows=fused_rows,
+        keep_threshold=keep_threshold(dropout_p),
     )
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     views = [None if t is None else t.contiguous().view(torch.uint8) for t in (slot_keep, global_keep, key_valid)]
     mean = mean.to(torch.float32).contiguous()
-    out, pairs = KeySlotAttentionTriton.apply(q, k, v, mean, query.contiguous(), order, queries, *views, settings)
+    seed = global_seed if fused_rows else None
+    out, pairs = KeySlotAttentionTriton.apply(
+        q, k, v, mean, query.contiguous(), order, queries, *views, seed, settings
+    )
     if global_rows and num_global and not fused_rows:
-        rows = {"scale": scale, "dropout_p": dropout_p, "training": training}
-        out = replace_global_rows(out, q, k, v, key_valid, num_global, **rows)
+        out = replace_global_rows(out, q, k, v, key_valid, num_global, **row_settings(scale, dropout_p, global_seed))
     return out, pairs.view(B, H, N).sum(-1, dtype=torch.float32)
