@@ -18,6 +18,8 @@ Examples:
     # the CPU proxies of GPU speed and memory per encoder layer (issue 49; the CUDA code path under Triton's
     # interpreter, which this sets up on a machine without CUDA), written to proxies.{json,md}
     python scripts/benchmark.py --proxies --output-dir results/proxies
+    # the same for training with the configs' default attention dropout
+    python scripts/benchmark.py --proxies --proxy-attention-dropout 0.1 --output-dir results/proxies-dropout
 """
 
 from __future__ import annotations
@@ -102,6 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{' '.join(PROXY_ROWS).replace('%', '%%')}) at --proxy-length",  # argparse formats % in help
     )
     parser.add_argument("--proxy-length", type=int, default=PROXY_LENGTH, help="sequence length of the proxies")
+    parser.add_argument(
+        "--proxy-attention-dropout",
+        type=float,
+        default=0.0,
+        help="the proxies' rows in training with this attention dropout (the configs' default is 0.1; dense: none)",
+    )
     parser.add_argument("--output-dir", default="benchmark_results")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser.parse_args(argv)
@@ -165,6 +173,7 @@ def main_proxies(args: argparse.Namespace) -> int:
         args.proxy_length,
         device=args.device,
         log=(lambda m: None) if args.quiet else print,
+        attention_dropout=args.proxy_attention_dropout,
     )
     paths = write_proxies(report, args.output_dir)
     print(proxies_markdown(report))

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..core.attention import AttentionOutput, ZooAttention
 from ..kernels import interpolated_attention
-from ..kernels.dropout import sample_keep_mask
+from ..kernels.hashing import draw_seed, grid_keep
 from ..kernels.interpolated import interpolated_density, interpolated_slots, interpolation_points
 from .configuration_a2former import A2FormerConfig
 from .interpolated import interpolated_attention_reference
@@ -160,11 +160,8 @@ class A2FormerAttention(ZooAttention):
             raise ValueError("A2FormerAttention.attend needs `offsets` (see `predict_offsets`); call the module.")
         num_keys = k.shape[2]
         selection = self._selection(num_keys, query_offset)
-        keep = None
-        if self.training and self.dropout > 0:
-            slots = (*offsets.shape[:3], offsets.shape[3] + selection["num_global"])
-            keep = sample_keep_mask(slots, self.dropout, q.device)
         if not output_attentions:
+            # In training the primitive draws the dropout's hash seed (its Triton kernels regenerate the mask).
             out, density = interpolated_attention(
                 q,
                 k,
@@ -173,7 +170,6 @@ class A2FormerAttention(ZooAttention):
                 point_logits=point_logits,
                 key_valid=key_valid,
                 scale=self.scaling,
-                keep=keep,
                 dropout_p=self.dropout,
                 training=self.training,
                 global_rows=True,  # see `with_global_rows`
@@ -183,6 +179,10 @@ class A2FormerAttention(ZooAttention):
             return AttentionOutput(hidden_states=out, density=density)
         # The dense interpolation matrix on the same slots returns the weights, in the graph (a user may
         # differentiate through them), as in the other families.
+        keep = None
+        if self.training and self.dropout > 0:
+            slots = (*offsets.shape[:3], offsets.shape[3] + selection["num_global"])
+            keep = grid_keep(draw_seed(q.device), slots, self.dropout)
         i0, i1, w1, bias, row_valid = interpolated_slots(offsets, point_logits, key_valid, num_keys, **selection)
         out, weights = interpolated_attention_reference(
             q,

@@ -251,8 +251,13 @@ def run_proxies(
     size: ModelSize = PROXY_SIZE,
     device: str = "cpu",
     log: Callable[[str], None] = print,
+    attention_dropout: float = 0.0,
 ) -> dict[str, Any]:
     """Measure the proxies of `rows` (the dense family is added) and summarise each against dense.
+
+    `attention_dropout`: the rows' attention dropout in training (what the configs default to; the benchmark's rows
+    have none). The dense reference keeps none: on CUDA its SDPA drops inside the same kernel, so its ops are those of
+    the dropout-free layer, while on the CPU its dropout would take SDPA's math path.
 
     Returns `{"length", "device", "size", "proxies": {row: LayerProxies as dict}, "summaries": {row: ...},
     "errors": {row: message}}`; a row that raises is recorded in `errors` and the others still run.
@@ -262,7 +267,10 @@ def run_proxies(
     errors: dict[str, str] = {}
     for row in proxy_rows(names):
         try:
-            measured[row.name] = measure_layer_proxies(row, length, size=size, device=device)
+            dropout = 0.0 if row.name == REFERENCE_MODEL else attention_dropout
+            measured[row.name] = measure_layer_proxies(
+                row, length, size=size, device=device, attention_dropout=dropout
+            )
         except Exception as err:  # noqa: BLE001 - one family's failure is a finding; the others still count
             errors[row.name] = f"{type(err).__name__}: {err}"
         log(f"proxies {row.name}: {errors.get(row.name, 'measured')}")
@@ -272,6 +280,7 @@ def run_proxies(
         "length": length,
         "device": device,
         "dtype": "bfloat16",
+        "attention_dropout": attention_dropout,
         "size": asdict(size),
         "torch": torch.__version__,
         "proxies": {name: p.to_json() for name, p in measured.items()},
@@ -286,7 +295,13 @@ def proxies_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"Per encoder layer at N = {report['length']}, width {report['size']['hidden_size']}, "
         f"{report['size']['num_attention_heads']} heads, {report['dtype']}, on {report['device']} (torch "
-        f"{report['torch']}); extra = over `{REFERENCE_MODEL}`.",
+        f"{report['torch']}); extra = over `{REFERENCE_MODEL}`"
+        + (
+            f"; the rows train with attention dropout {report['attention_dropout']} (dense without: its SDPA drops "
+            "in the same kernel on CUDA)."
+            if report.get("attention_dropout")
+            else "."
+        ),
         "",
         markdown_table(summaries),
         "",

@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
 from ..kernels import dense_attention, dense_masked_attention
+from ..kernels.hashing import draw_seed
 from .attention_interface import implementation_of, interface_attention, takes_causal_flag
 from .configuration import ZooConfig
 from .global_tokens import global_count, global_query_rows, splice_rows
@@ -247,6 +248,14 @@ class ZooAttention(nn.Module):
             return 0
         return self.global_positions(num_keys)
 
+    def global_rows_seed(self, device: torch.device) -> torch.Tensor | None:
+        """The hash seed of the global rows' dropout mask where [`with_global_rows`] computes them: on the reference
+        backend in training with dropout, the kernels' truth, so that it drops what a kernel computing the rows would
+        (`kernels.dense.global_rows_keep`); elsewhere `None` (`F.dropout`, cheaper than materialising the hash)."""
+        if not (self.training and self.dropout > 0.0) or self.config.attention_backend != "reference":
+            return None
+        return draw_seed(device)
+
     def with_global_rows(
         self, out: AttentionOutput, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None
     ) -> AttentionOutput:
@@ -255,8 +264,9 @@ class ZooAttention(nn.Module):
         The method itself adds the global keys to every query's key set (in `attend`, through `core.global_tokens`).
         The rows come from [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op and its
         backward, no materialised fp32 softmax) and are spliced in when the heads merge ([`finish`]). With returned
-        weights, or attention dropout in training (the counter hash's mask, `kernels.dense.global_rows_keep`, which
-        the kernels computing these rows themselves regenerate), the materialised rows are spliced here instead.
+        weights, or attention dropout in training (on the reference backend the counter hash's mask that the kernels
+        computing these rows themselves regenerate, [`global_rows_seed`]), the materialised rows are spliced here
+        instead.
         They read `out.inputs` in place of `q`, `k`, `v` when the method set it.
         """
         if out.inputs is not None:
@@ -284,6 +294,7 @@ class ZooAttention(nn.Module):
             dropout_p=self.dropout,
             training=self.training,
             return_weights=out.attn_weights is not None,
+            seed=self.global_rows_seed(q.device),
         )
         if out.attn_weights is None:
             out.hidden_states = splice_rows(out.hidden_states, rows, key_valid)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dropout import keep_multiplier
-from .hashing import draw_seed, hashed_keep
+from .hashing import grid_keep
 
 
 def dense_masked_attention(
@@ -87,8 +87,8 @@ def global_query_rows(
 ) -> tuple[Tensor, Tensor | None]:
     """Dense masked attention of the first `g` queries over every real key.
 
-    Their attention dropout (in training) is the counter hash's ([`global_rows_keep`]), so that a kernel computing
-    these rows draws the same mask from the same `seed` (a fresh draw when `None`).
+    With a `seed`, their attention dropout (in training) is the counter hash's ([`global_rows_keep`]), the mask a
+    kernel computing these rows draws from the same seed; without one, `F.dropout`'s (no kernel to agree with).
 
     Args:
         q (`torch.Tensor` of shape `(B, H, N, d)`): queries (only the first `g` rows are read).
@@ -100,9 +100,8 @@ def global_query_rows(
     """
     mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
     keep = None
-    if training and dropout_p > 0.0:
-        B, H, N = k.shape[0], k.shape[1], k.shape[2]
-        keep = global_rows_keep(draw_seed(q.device) if seed is None else seed, B, H, g, N, dropout_p)
+    if training and dropout_p > 0.0 and seed is not None:
+        keep = global_rows_keep(seed, k.shape[0], k.shape[1], g, k.shape[2], dropout_p)
     return dense_masked_attention(
         q[:, :, :g],
         k,
@@ -119,9 +118,7 @@ def global_query_rows(
 def global_rows_keep(seed: Tensor, batch: int, heads: int, g: int, num_keys: int, dropout_p: float) -> Tensor:
     """The global rows' attention-dropout keep mask `(B, H, g, Nk)`: the counter hash of `(seed, b * H + h, query,
     key)` (`attnzoo.kernels.hashing.hashed_keep`, which the kernels' `keep_at` computes alike)."""
-    rows = torch.arange(g, device=seed.device)
-    keys = torch.arange(num_keys, device=seed.device)
-    return hashed_keep(seed, batch * heads, rows, keys, dropout_p).view(batch, heads, g, num_keys)
+    return grid_keep(seed, (batch, heads, g, num_keys), dropout_p)
 
 
 def splice_rows(full: Tensor, rows: Tensor, key_valid: Tensor | None) -> Tensor:

@@ -40,11 +40,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dense import dense_masked_attention
-from .dropout import sample_keep_mask
+from .dropout import dropout_mask
 from .edgelist import check_edges, edge_attention_reference_with_mask, edge_attention_with_mask
 from .gathered import check_gathered, gathered_attention_reference_with_mask, gathered_attention_with_mask
 from .global_rows import check_global_rows, global_rows_seed, replace_global_rows, row_settings
-from .hashing import position_keep
+from .hashing import grid_keep, position_keep
 from .interpolated import check_interpolated, interpolated_attention_torch
 from .key_slots import check_key_slots, key_slot_attention_torch
 
@@ -218,6 +218,7 @@ def gathered_attention(
     global_rows: int = 0,
     key_valid: Tensor | None = None,
     global_seed: Tensor | None = None,
+    keep_seed: Tensor | None = None,
     backend: str = "fast",
 ) -> Tensor:
     """Each query attends to its own `K` slots; a slot is one key row or a weighted mix of `J` key rows.
@@ -242,9 +243,10 @@ def gathered_attention(
         dot_product (`bool`, *optional*, defaults to `True`): include `scale * <q, k~>` in the logits.
         scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
         dropout_p (`float`, *optional*, defaults to 0.0): dropout on the probabilities.
-        training (`bool`, *optional*, defaults to `False`): draw a dropout mask (global RNG) when `keep` is None.
-        keep (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): dropout keep-mask drawn by the caller (so
-            that several backends can be fed the same mask); `dropout_p` must be the probability it was drawn with.
+        training (`bool`, *optional*, defaults to `False`): apply dropout, with a mask hashed from `keep_seed` when
+            `keep` is None (`kernels.dropout`: the Triton kernels regenerate it, the others materialise it).
+        keep (`torch.BoolTensor` of shape `(B, H, Nq, K)`, *optional*): dropout keep-mask drawn by the caller;
+            `dropout_p` must be the probability it was drawn with.
         global_rows (`int`, *optional*, defaults to 0): replace the rows of the first `global_rows` queries that are
             real tokens by dense softmax attention over every real key, as [`edge_attention`] does (the Triton
             kernels compute up to 16 of them, with the dot product, in programs of their own). Encoder
@@ -253,6 +255,8 @@ def gathered_attention(
             every key is real).
         global_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the global rows' dropout mask
             in training (drawn from the default generator when `None`), so that backends can be compared.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the slots' dropout mask in
+            training (`kernels.hashing.grid_keep`; drawn from the default generator when `None`).
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -260,16 +264,19 @@ def gathered_attention(
     """
     check_gathered(q, k, v, idx, valid, weight, logit_bias)
     check_global_rows(q, k, global_rows, key_valid)
-    if keep is None and training and dropout_p > 0.0:
-        keep = sample_keep_mask(tuple(idx.shape[:4]), dropout_p, idx.device)
-    seed = global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    keep, keep_seed = dropout_mask(
+        keep, keep_seed, dropout_p=dropout_p, training=training, fused=implementation == "triton",
+        materialise=lambda seed: grid_keep(seed, tuple(idx.shape[:4]), dropout_p), device=q.device,
+    )  # fmt: skip
+    seed = global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None
     kwargs = {"scale": scale, "keep": keep, "dropout_p": dropout_p, "weight": weight, "logit_bias": logit_bias}
     kwargs["dot_product"] = dot_product
     if implementation == "triton":
         return _triton_kernels().gathered_attention_triton(
-            q, k, v, idx, valid, global_rows=global_rows, key_valid=key_valid, global_seed=seed, **kwargs
-        )
+            q, k, v, idx, valid, global_rows=global_rows, key_valid=key_valid, global_seed=seed, keep_seed=keep_seed,
+            **kwargs,
+        )  # fmt: skip
     if implementation == "reference":
         out = gathered_attention_reference_with_mask(q, k, v, idx, valid, **kwargs)
     else:
@@ -302,6 +309,7 @@ def interpolated_attention(
     training: bool = False,
     keep: Tensor | None = None,
     global_seed: Tensor | None = None,
+    keep_seed: Tensor | None = None,
     backend: str = "fast",
 ) -> tuple[Tensor, Tensor]:
     """Attention of every query over K points at fractional key positions `query + offset`, plus `g` global keys.
@@ -329,11 +337,13 @@ def interpolated_attention(
             dropout mask in training is the counter hash of `global_seed`, regenerated there).
         scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
         dropout_p (`float`, *optional*, defaults to 0.0): dropout on the slot probabilities (and the global rows).
-        training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None; dropout on the
-            global rows.
+        training (`bool`, *optional*, defaults to `False`): apply dropout, with a mask hashed from `keep_seed` when
+            `keep` is None (`kernels.dropout`); dropout on the global rows.
         keep (`torch.BoolTensor` of shape `(B, H, Nq, K + g)`, *optional*): dropout keep-mask drawn by the caller.
         global_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the global rows' dropout mask
             in training (drawn from the default generator when `None`), so that backends can be compared.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the slots' dropout mask in
+            training (`kernels.hashing.grid_keep` over the K + g slots; drawn when `None`).
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -343,9 +353,12 @@ def interpolated_attention(
     check_interpolated(
         q, k, v, offsets, point_logits, key_valid, num_global, position_bound, query_offset, keep, causal, global_rows
     )
-    if keep is None and training and dropout_p > 0.0:
-        keep = sample_keep_mask((*offsets.shape[:3], offsets.shape[3] + num_global), dropout_p, q.device)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    shape = (*offsets.shape[:3], offsets.shape[3] + num_global)
+    keep, keep_seed = dropout_mask(
+        keep, keep_seed, dropout_p=dropout_p, training=training, fused=implementation == "triton",
+        materialise=lambda seed: grid_keep(seed, shape, dropout_p), device=q.device,
+    )  # fmt: skip
     kwargs = {
         "point_logits": point_logits,
         "key_valid": key_valid,
@@ -360,7 +373,7 @@ def interpolated_attention(
         "global_seed": global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None,
     }
     if implementation == "triton":
-        return _triton_kernels().interpolated_attention_triton(q, k, v, offsets, **kwargs)
+        return _triton_kernels().interpolated_attention_triton(q, k, v, offsets, keep_seed=keep_seed, **kwargs)
     return interpolated_attention_torch(q, k, v, offsets, reference=implementation == "reference", **kwargs)
 
 
@@ -408,7 +421,8 @@ def edge_attention(
             softmax, without renormalisation (differentiable).
         scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
         dropout_p (`float`, *optional*, defaults to 0.0): dropout on the probabilities (before `edge_weight`).
-        training (`bool`, *optional*, defaults to `False`): draw a dropout mask when `keep` is None.
+        training (`bool`, *optional*, defaults to `False`): apply dropout, with a mask hashed from `keep_seed` when
+            `keep` is None (`kernels.dropout`).
         keep (`torch.BoolTensor` of shape `(E,)`, *optional*): dropout keep-mask drawn by the caller.
         sorted_rows (`bool`, *optional*, defaults to `False`): promise that `rows` is non-decreasing (skips a sort).
         padded (`bool`, *optional*, defaults to `False`): edges whose row is `R` (one past the last) are padding and
@@ -417,7 +431,7 @@ def edge_attention(
         crow (`torch.LongTensor` of shape `(R + 1,)`, *optional*): the row pointers of the sorted `rows` (`crow[r]`:
             the edges of the rows below `r`), when the caller has them: the Triton kernel reads them instead of
             searching `rows` for them. Requires `sorted_rows`.
-        generator (`torch.Generator`, *optional*): RNG for the dropout mask.
+        generator (`torch.Generator`, *optional*): RNG for the dropout masks' seeds.
         global_rows (`int`, *optional*, defaults to 0): replace the rows of the first `global_rows` queries of every
             (batch, head) that are real tokens by dense softmax attention over every real key
             (`ZooAttention.with_global_rows`, as part of the primitive: the Triton kernels compute up to 16 of them
@@ -428,9 +442,10 @@ def edge_attention(
             every key is real).
         global_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the global rows' dropout mask
             in training (drawn from `generator` or the default one when `None`), so that backends can be compared.
-        keep_seed (`torch.LongTensor` of shape `()`, *optional*): in place of `keep`, the dropout mask as the counter
-            hash of this seed and each edge's position in the list (`kernels.hashing.position_keep`): the Triton
-            kernels regenerate it (with `sorted_rows`) instead of storing a mask per edge.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the edges' dropout mask in
+            training, a decision per position in the list (`kernels.hashing.position_keep`; drawn from `generator`
+            or the default one when `None`): the Triton kernels regenerate it (with `sorted_rows`) instead of
+            storing a mask per edge.
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -443,15 +458,12 @@ def edge_attention(
         raise ValueError(f"crow must come with sorted_rows=True and have shape ({num_rows + 1},), got "
                          f"sorted_rows={sorted_rows} and {tuple(crow.shape)}")  # fmt: skip
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
-    dropout = training and dropout_p > 0.0
-    if keep_seed is not None and keep is not None:
-        raise ValueError("edge_attention takes a dropout mask as keep or as keep_seed, not both")
-    hashed = keep_seed if dropout and implementation == "triton" and sorted_rows else None
-    if keep is None and dropout and hashed is None:
-        if keep_seed is None:
-            keep = sample_keep_mask((rows.shape[0],), dropout_p, q.device, generator)
-        else:  # the mask the kernels would regenerate, of the edges in the caller's order (padding included)
-            keep = position_keep(keep_seed, rows.shape[0], dropout_p)
+    # The kernels hash each edge's position in the list they read: the caller's, when it is sorted; otherwise the
+    # mask of the caller's order (padding included) is made first and sorted with the edges.
+    keep, hashed = dropout_mask(
+        keep, keep_seed, dropout_p=dropout_p, training=training, fused=implementation == "triton" and sorted_rows,
+        materialise=lambda seed: position_keep(seed, rows.shape[0], dropout_p), device=q.device, generator=generator,
+    )  # fmt: skip
     seed = global_rows_seed(dropout_p, training, global_seed, q.device, generator) if global_rows else None
     if implementation == "triton":
         return _triton_kernels().edge_attention_triton(
@@ -570,6 +582,7 @@ def key_slot_attention(
     global_keep: Tensor | None = None,
     global_rows: bool = False,
     global_seed: Tensor | None = None,
+    keep_seed: Tensor | None = None,
     backend: str = "fast",
 ) -> tuple[Tensor, Tensor]:
     """Attention along edges that each key names in fixed slots, with Gaussian confidences (FSAT).
@@ -601,7 +614,8 @@ def key_slot_attention(
             must already leave out padding).
         scale (`float`, *optional*): logit scale, defaults to `d ** -0.5`.
         dropout_p (`float`, *optional*, defaults to 0.0): dropout on the probabilities (before the confidences).
-        training (`bool`, *optional*, defaults to `False`): draw the dropout masks when they are not given.
+        training (`bool`, *optional*, defaults to `False`): apply dropout, with masks hashed from `keep_seed` where
+            they are not given (`kernels.dropout`).
         slot_keep (`torch.BoolTensor` of shape `(B, H, N, S)`, *optional*): dropout keep-mask of the slots.
         global_keep (`torch.BoolTensor` of shape `(B, H, N, num_global)`, *optional*): keep-mask of the global
             edges, per query.
@@ -612,6 +626,9 @@ def key_slot_attention(
             implementation computes them in its kernels (outside them beyond 16 global tokens).
         global_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the global rows' dropout mask
             in training (drawn from the default generator when `None`), so that backends can be compared.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the slots' and global edges'
+            dropout masks in training: `kernels.hashing.grid_keep` over `(B, H, N, S + g)`, slot `s` of key `j` at
+            `(j, s)` and the global key `t` of query `i` at `(i, S + t)` (drawn when `None`).
         backend (`str`, *optional*, defaults to `"fast"`): `"fast"`, `"reference"` or `"triton"` (module docstring).
 
     Returns:
@@ -622,11 +639,21 @@ def key_slot_attention(
         q, k, v, query, mean, key_valid, num_graph_slots, num_global, global_softmax, slot_keep, global_keep,
         global_rows,
     )  # fmt: skip
-    if training and dropout_p > 0.0:
-        if slot_keep is None:
-            slot_keep = sample_keep_mask(tuple(query.shape), dropout_p, q.device)
-        if global_keep is None and num_global:
-            global_keep = sample_keep_mask((*query.shape[:3], num_global), dropout_p, q.device)
+    implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
+    slots = query.shape[-1]
+    shape = (*query.shape[:3], slots + num_global)
+    given = slot_keep is not None or global_keep is not None
+    if given and keep_seed is not None:
+        raise ValueError("a dropout mask comes as keep or as keep_seed, not both")
+    # Both masks hashed from one seed (the Triton kernels regenerate them), unless the caller gave one of them.
+    full, keep_seed = dropout_mask(
+        None, keep_seed, dropout_p=dropout_p, training=training, fused=implementation == "triton" and not given,
+        materialise=lambda seed: grid_keep(seed, shape, dropout_p), device=q.device,
+    )  # fmt: skip
+    if full is not None:
+        slot_keep = full[..., :slots] if slot_keep is None else slot_keep
+        if num_global and global_keep is None:
+            global_keep = full[..., slots:]
     kwargs = {
         "num_graph_slots": num_graph_slots,
         "num_global": num_global,
@@ -642,7 +669,6 @@ def key_slot_attention(
         "global_rows": global_rows,
         "global_seed": global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None,
     }
-    implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
     if implementation == "triton":
-        return _triton_kernels().key_slot_attention_triton(q, k, v, query, mean, **kwargs)
+        return _triton_kernels().key_slot_attention_triton(q, k, v, query, mean, keep_seed=keep_seed, **kwargs)
     return key_slot_attention_torch(q, k, v, query, mean, reference=implementation == "reference", **kwargs)

@@ -1,18 +1,55 @@
-"""Attention-dropout masks shared by the reference and fast kernels, so both can be driven by the same mask."""
+"""Attention-dropout masks shared by the reference and fast kernels, so that every implementation drops the same
+entries.
+
+In training a primitive's mask is the counter hash of a seed drawn once per call (`kernels.hashing`): the Triton
+kernels regenerate each decision from the position they read (as FlashAttention regenerates its Philox dropout), so
+no mask is built or stored for backward; the torch implementations materialise the same mask from the same seed.
+A caller may also hand a primitive an explicit mask (`keep`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from .hashing import draw_seed
 
-def sample_keep_mask(
-    shape: tuple[int, ...], dropout_p: float, device: torch.device, generator: torch.Generator | None = None
-) -> Tensor:
-    """Draw a boolean keep-mask where each entry is kept with probability `1 - dropout_p`."""
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
-    return torch.rand(shape, device=device, generator=generator) >= dropout_p
+
+def dropout_mask(
+    keep: Tensor | None,
+    keep_seed: Tensor | None,
+    *,
+    dropout_p: float,
+    training: bool,
+    fused: bool,
+    materialise: Callable[[Tensor], Tensor],
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor | None, Tensor | None]:
+    """The dropout of one primitive call: `(keep, keep_seed)` for the implementation that runs.
+
+    Args:
+        keep (`torch.BoolTensor`, *optional*): an explicit mask from the caller: used as given.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the seed of the hashed mask (drawn from `generator`
+            or the default one when `None`, in training with dropout).
+        fused (`bool`): the implementation regenerates the hashed mask itself (the Triton kernels): it gets the seed;
+            the others get the mask, from `materialise(seed)`.
+
+    Returns:
+        `(keep, None)`, `(None, keep_seed)` or `(None, None)` (no dropout).
+    """
+    if keep is not None:
+        if keep_seed is not None:
+            raise ValueError("a dropout mask comes as keep or as keep_seed, not both")
+        return keep, None
+    if not (training and dropout_p > 0.0):
+        return None, None
+    seed = draw_seed(device, generator) if keep_seed is None else keep_seed
+    if seed.dtype != torch.int64 or seed.dim() != 0:
+        raise ValueError(f"keep_seed must be a () int64 tensor, got {seed.dtype} of shape {tuple(seed.shape)}")
+    return (None, seed) if fused else (materialise(seed), None)
 
 
 def keep_multiplier(keep: Tensor, dropout_p: float, dtype: torch.dtype) -> Tensor:

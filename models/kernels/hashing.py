@@ -93,6 +93,15 @@ def hashed_keep(seed: Tensor, num_heads: int, rows: Tensor, cols: Tensor, dropou
     return counter_uniform(seed, num_heads, rows, cols) >= threshold
 
 
+def grid_keep(seed: Tensor, shape: tuple[int, ...], dropout_p: float) -> Tensor:
+    """Attention-dropout keep mask of shape `(B, H, n, width)` bool: entry `(b, h, i, s)` is the counter hash of
+    `(seed, b * H + h, i, s)`, as a kernel computes it from the (head, query, slot) it reads."""
+    B, H, n, width = shape
+    rows = torch.arange(n, device=seed.device)
+    columns = torch.arange(width, device=seed.device)
+    return hashed_keep(seed, B * H, rows, columns, dropout_p).view(B, H, n, width)
+
+
 def position_keep(seed: Tensor, num: int, dropout_p: float) -> Tensor:
     """Attention-dropout keep mask `(num,)` bool of a list of entries (an edge list), one decision per position: the
     counter hash of `(seed, head 0, row 0, position)`, as a kernel computes it from the position it reads."""

@@ -339,11 +339,11 @@ def f(x, counts, device):
 
 
 #: What attention dropout in training (every config's default 0.1; the rows above have none) adds to a layer's
-#: forward+backward ops, at most. The global queries' rows keep running in the kernels, their mask regenerated there
-#: from a hashed seed (one `randint` per layer); the methods' own keep masks are drawn by their primitives (`rand`,
-#: `ge`: FSAT's slots and global edges), SBM's regenerated in its edge kernel from the graph's hash. Not the Sparse
-#: Transformer: FlexAttention has no dropout, so it trains on its reshapes path (CUDA's default in eval only).
-DROPOUT_OPS = {"a2former": 3, "fsat": 5, "sbm:fastrg-2%": 1, "smart_bird": 3}
+#: forward+backward ops, at most: the hash seeds of its masks (one `randint` each: the method's slots, the global
+#: rows'; SBM's edges use its graph's seed). The kernels regenerate every decision, so no mask is saved, and the
+#: global queries' rows stay in the kernels. Not the Sparse Transformer: FlexAttention has no dropout, so it trains
+#: on its reshapes path (CUDA's default in eval only).
+DROPOUT_OPS = {"a2former": 2, "fsat": 2, "sbm:fastrg-2%": 1, "smart_bird": 2}
 
 
 @pytest.mark.parametrize("row", sorted(DROPOUT_OPS))
@@ -358,5 +358,5 @@ def test_attention_dropout_in_training_keeps_the_fused_path(measured, row):
     plain = measured(row)
     assert dropout.fwd_bwd.ops - plain.fwd_bwd.ops <= DROPOUT_OPS[row], dropout.fwd_bwd.ops - plain.fwd_bwd.ops
     assert sum(dropout.fwd_bwd.syncs.values()) == sum(plain.fwd_bwd.syncs.values()), dropout.fwd_bwd.syncs
-    # a stored keep mask is one byte per slot: within 1% of the layer's saved bytes
-    assert dropout.saved_bytes <= plain.saved_bytes * BYTES_SLACK, dropout.saved_bytes / plain.saved_bytes
+    # no keep mask is saved for backward, only the seeds (a few bytes; SBM's sampled edges may differ by a few)
+    assert dropout.saved_bytes <= plain.saved_bytes * 1.0001, dropout.saved_bytes / plain.saved_bytes

@@ -159,9 +159,10 @@ compile_kernel(global_rows._real_neighbours, {"BLOCK": 1024},
                {"VALID": "*u8", "BEFORE": "*i32", "AFTER": "*i32", "REAL": "*i32"})
 
 # (d, points, global keys, causal, reflect, padding, point logits, dropout keep, global rows in the kernels, dense
-# dtype, gradient of the offsets): training with dropout (the global rows' mask hashed in the kernels), training
-# without dropout or eval (clamp and reflect, with and without padding), the linear weight mode (with dropout, its
-# global rows' too; causal), its global rows with frozen offsets, d = 32.
+# dtype, gradient of the offsets): training with dropout (the slots' mask hashed from the seed KEEP, the global
+# rows' from SEED; the first case a stored mask instead), training without dropout or eval (clamp and reflect,
+# with and without padding), the linear weight mode (with dropout, its global rows' too; causal), its global rows
+# with frozen offsets, d = 32.
 CASES = [
     (64, 10, 1, False, False, True, False, True, True, "*bf16", True),
     (64, 10, 1, False, False, True, False, False, True, "*bf16", True),
@@ -175,13 +176,14 @@ CASES = [
 for width, points, num_global, causal, reflect, padded, linear, keep, rows, dtype, need_offsets in CASES:
     selection = interpolated._Selection(
         num_global=num_global, causal=causal, reflect=reflect, query_offset=0, scale=width**-0.5, keep_scale=1.25,
-        density=True, global_rows=rows, keep_threshold=3355444,
+        density=True, global_rows=rows, keep_threshold=3355444, keep_hash=keep and (width, linear) != (64, False),
     )
     meta = interpolated._meta(width, points, selection, given if padded else None, given if linear else None,
                               given if keep else None, given if keep and rows else None)
     # Absent inputs are the fp32 offsets (placeholders); dK and dV are one fp32 buffer, dQ q's dtype.
     pointers = {"Q": dtype, "K": dtype, "V": dtype, "OUT": dtype, "DO": dtype, "DQ": dtype,
-                "KEEP": "*u8" if keep else "*fp32", "SEED": "*i64" if keep and rows else "*fp32"}
+                "KEEP": ("*i64" if selection.keep_hash else "*u8") if keep else "*fp32",
+                "SEED": "*i64" if keep and rows else "*fp32"}
     if padded:
         pointers.update(BEFORE="*i32", AFTER="*i32", REAL="*i32")
     ones = ("sp_k", "sl_k", "sdp_k")  # the offsets' (and logits', gradients') last axis is contiguous

@@ -190,11 +190,12 @@ def _on_cpu(dropout: dict) -> dict:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("global_rows", [1, 3, 17])
+@pytest.mark.parametrize("global_rows", [3, 17])
 @pytest.mark.parametrize("primitive", ["edge", "gathered"])
 def test_global_rows_with_attention_dropout_in_the_kernels_equal_the_reference(device, global_rows, primitive):
     """In training with attention dropout the kernels regenerate the rows' hashed mask (forward and backward) and
-    equal the reference, which draws it from the same seed; 17 rows: the fallback after the kernel."""
+    equal the reference, which draws it from the same seed; three rows (each its own decisions), and 17: the
+    fallback after the kernel."""
     if primitive == "edge":
         tensors, rows, cols, key_valid = _inputs(device, torch.float32)
         dropout = _dropout(device, (rows.shape[0],))

@@ -33,17 +33,19 @@ for head_dim, num_global, own, keeps, valid, rows in itertools.chain(
     [(64, 1, True, True, True, False), (64, 0, False, False, False, False), (128, 2, False, True, False, False)],
     [(64, 20, True, False, True, False)],  # more global keys than one chunk of them
     [(64, 1, True, False, True, True), (128, 3, False, False, False, True)],  # the global rows in the kernels
-    [(64, 1, True, True, True, True)],  # and in training with dropout
+    [(64, 1, True, True, True, True)],  # and in training with dropout (the masks hashed from the seed SKEEP = GKEEP)
 ):
     settings = key_slots._Settings(
         num_graph_slots=4, num_global=num_global, own_global=own, scale=0.125, keep_scale=1.0,
         variance=512.0, normalized=False, truncate=True, global_rows=rows, keep_threshold=1677722,
+        keep_hash=keeps and rows,
     )
     keep = present if keeps else None
     meta = settings.meta(head_dim, keep, keep, present if valid else None, present if keeps and rows else None)
     ones = ("G",) if num_global == 1 else ()  # a launch specialises an int argument equal to 1 to the constant
-    compile_kernel(key_slots._slots_fwd, meta, POINTERS, ones, **types)
-    compile_kernel(key_slots._slots_bwd_rows, dict(meta, TRUNCATE=True), POINTERS, ones, **types)
+    pointers = dict(POINTERS, SKEEP="*i64", GKEEP="*i64") if settings.keep_hash else POINTERS
+    compile_kernel(key_slots._slots_fwd, meta, pointers, ones, **types)
+    compile_kernel(key_slots._slots_bwd_rows, dict(meta, TRUNCATE=True), pointers, ones, **types)
     if not rows:  # (the global keys' reduction does not depend on the global rows)
         compile_kernel(key_slots._slots_bwd_global, {
             "D": head_dim, "BLOCK_D": meta["BLOCK_D"], "BLOCK_Q": key_slots.BLOCK_Q,

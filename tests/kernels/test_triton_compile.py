@@ -29,20 +29,20 @@ for head_dim, entries, dot, options in (
     (64, 2, False, (given, absent, given, absent)),
     (64, 1, True, (absent, given, absent, absent)),
 ):
-    meta = gathered._meta(head_dim, entries, dot, *options, absent, 0, absent)
+    meta = gathered._meta(head_dim, entries, dot, *options, absent, 0, absent, False)
     compile_kernel(gathered._gathered_fwd, meta, DTYPES)
     needs = {"NEED_WEIGHT": options[0] is given, "NEED_BIAS": options[2] is given}
     compile_kernel(gathered._gathered_bwd, dict(meta, **needs), dict(DTYPES, DQ="*bf16"))  # dq in q's dtype
 # Smart Bird's CUDA path: its global query's dense rows in the kernels, with and without the padding mask (the
-# index is its placeholder), in training with attention dropout (the rows' mask hashed from SEED) and without;
-# dq in q's dtype.
+# index is its placeholder), in training with attention dropout (the slots' and the rows' masks hashed from the
+# seeds KEEP and SEED) and without; dq in q's dtype.
 for table, seed in ((given, given), (absent, absent), (absent, given)):
-    meta = gathered._meta(64, 1, True, absent, given, absent, given if seed else absent, table, 1, seed)
-    pointers = dict(DTYPES, KEY_MASK="*u8" if table else "*i64", DQ="*bf16")
+    meta = gathered._meta(64, 1, True, absent, given, absent, given if seed else absent, table, 1, seed, bool(seed))
+    pointers = dict(DTYPES, KEY_MASK="*u8" if table else "*i64", DQ="*bf16", KEEP="*i64" if seed else "*u8")
     compile_kernel(gathered._gathered_fwd, meta, pointers)
     compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), pointers)
 # One query of one head (decoding a token): the grid decoding's cdiv then folds over constants.
-meta = gathered._meta(64, 1, True, absent, given, absent, absent, absent, 0, absent)
+meta = gathered._meta(64, 1, True, absent, given, absent, absent, absent, 0, absent, False)
 ones = ("num_heads", "num_queries")
 compile_kernel(gathered._gathered_fwd, meta, DTYPES, ones)
 compile_kernel(gathered._gathered_bwd, dict(meta, NEED_WEIGHT=False, NEED_BIAS=False), dict(DTYPES, DQ="*bf16"), ones)

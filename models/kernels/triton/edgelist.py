@@ -24,7 +24,7 @@ from ..edgelist import sort_edges
 from ..global_rows import replace_global_rows, row_settings
 from ..hashing import keep_threshold
 from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
-from .hashing import keep_at
+from .hashing import is_seed, keep_argument, keep_factor
 from .launch import block_d, check_dtypes, dense
 from .launch import pointer_or as _or
 
@@ -89,17 +89,6 @@ def _edge_chunk(
 
 
 @triton.jit
-def _keep_factor(KEEP, edge, ok, keep_scale, keep_threshold, KEEP_HASH: tl.constexpr):
-    """The edges' dropout factors: `keep_scale` where kept, else 0; kept as the stored mask says, or with
-    `KEEP_HASH` as the counter hash of the seed `KEEP` and the edge's position (`hashing.position_keep`)."""
-    if KEEP_HASH:
-        kept = keep_at(tl.load(KEEP), edge * 0, edge * 0, edge, keep_threshold)
-    else:
-        kept = tl.load(KEEP + edge, mask=ok, other=0) != 0
-    return tl.where(ok & kept, keep_scale, 0.0)
-
-
-@triton.jit
 def _edge_fwd_row(
     row, Q, K, V, CROW, COLS, BIAS, WEIGHT, KEEP, KEY_MASK, OUT, LSE, scale, keep_scale, keep_threshold,
     n, m, H, sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
@@ -124,7 +113,7 @@ def _edge_fwd_row(
         p = tl.exp(score - shift)
         row_sum = row_sum * alpha + tl.sum(p, 0)
         if HAS_KEEP:
-            p = p * _keep_factor(KEEP, edge, ok, keep_scale, keep_threshold, KEEP_HASH)
+            p = p * keep_factor(KEEP, edge, 0 * edge, 0 * edge, edge, ok, keep_scale, keep_threshold, KEEP_HASH)
         if HAS_WEIGHT:
             p = p * tl.load(WEIGHT + edge, mask=ok, other=0.0).to(tl.float32)
         acc = acc * alpha + tl.sum(p[:, None] * v_rows, 0)
@@ -193,7 +182,9 @@ def _edge_bwd_row(
         grad_final = tl.sum(v_rows * do[None, :], 1)  # d loss / d (p * keep * weight)
         factor = tl.where(ok, 1.0, 0.0)
         if HAS_KEEP:
-            factor = factor * _keep_factor(KEEP, edge, ok, keep_scale, keep_threshold, KEEP_HASH)
+            # the hashed mask's position: head 0, row 0, column the edge (`hashing.position_keep`)
+            zero = 0 * edge
+            factor = factor * keep_factor(KEEP, edge, zero, zero, edge, ok, keep_scale, keep_threshold, KEEP_HASH)
         if NEED_WEIGHT:
             tl.store(DWEIGHT + edge, p * factor * grad_final, mask=ok)
         if HAS_WEIGHT:
@@ -270,7 +261,7 @@ class EdgeAttentionTriton(torch.autograd.Function):
         num_rows = crow.shape[0] - 1
         out = torch.empty_like(q)
         lse = torch.empty(num_rows, dtype=torch.float32, device=q.device)
-        meta = _meta(q.shape[-1], bias, weight, keep, key_mask, global_rows, global_seed, _hashed(keep))
+        meta = _meta(q.shape[-1], bias, weight, keep, key_mask, global_rows, global_seed, is_seed(keep))
         global_programs = num_rows // n if global_rows else 0  # one per (batch, head)
         if num_rows > 0:
             _edge_fwd[(global_programs + num_rows,)](
@@ -314,16 +305,11 @@ class EdgeAttentionTriton(torch.autograd.Function):
                 out, lse, dq, dk, dv, _or(dbias, dk), _or(dweight, dk), _or(global_seed, crow), ctx.scale,
                 ctx.keep_scale, ctx.threshold, global_programs, n, m, H, *q_strides, *k_strides,
                 *v_strides, *_rows(grad_out)[2:], NEED_BIAS=need_bias, NEED_WEIGHT=need_weight,
-                **_meta(q.shape[-1], bias, weight, keep, key_mask, ctx.global_rows, global_seed, _hashed(keep)),
+                **_meta(q.shape[-1], bias, weight, keep, key_mask, ctx.global_rows, global_seed, is_seed(keep)),
             )  # fmt: skip
         if dkv.dtype != k.dtype:
             dk, dv = _like_kv(dkv.to(k.dtype), k, v)
         return dq, dk, dv, dbias, dweight, None, None, None, None, None, None, None, None, None
-
-
-def _hashed(keep: Tensor | None) -> bool:
-    """Whether `keep` is the `()` int64 seed of a hashed dropout mask rather than a uint8 mask per edge."""
-    return keep is not None and keep.dtype == torch.int64
 
 
 def _like_kv(flat: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -389,11 +375,9 @@ def edge_attention_triton(
         crow = row_pointers(rows, num_rows)
     q, k, v = (dense(t) for t in (q, k, v))
     keep_scale = 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)
-    keep = None if keep is None else keep.contiguous().view(torch.uint8)
-    if keep_seed is not None:
-        if keep is not None or not sorted_rows:
-            raise ValueError("keep_seed takes the place of keep, on edges the caller sorted (sorted_rows=True)")
-        keep = keep_seed
+    if keep_seed is not None and not sorted_rows:
+        raise ValueError("keep_seed hashes the edges' positions: it needs edges the caller sorted (sorted_rows=True)")
+    keep = keep_argument(keep, keep_seed)
     bias = None if logit_bias is None else logit_bias.contiguous()
     weight = None if edge_weight is None else edge_weight.contiguous()
     fused = global_rows if global_rows <= MAX_FUSED_GLOBALS else 0

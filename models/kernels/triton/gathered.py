@@ -28,6 +28,7 @@ from ..hashing import keep_threshold
 from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
 from .global_rows import load_rows as _load_rows
 from .global_rows import scatter_rows as _scatter_rows
+from .hashing import is_seed, keep_argument, keep_factor
 from .launch import check_dtypes, query_tile_meta, row_strides
 from .launch import pointer_or as _or
 
@@ -79,11 +80,11 @@ def _mixed_slot(
 @triton.jit
 def _slots_fwd(
     pid, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, LSE,
-    num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
+    num_heads, num_queries, num_keys, num_slots, scale, keep_scale, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
-    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    KEEP_HASH: tl.constexpr, GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Forward of one block of queries over their slots."""
     bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
@@ -106,8 +107,8 @@ def _slots_fwd(
         alpha = tl.exp(row_max - shift)
         p = tl.exp(logit - shift)
         row_sum = row_sum * alpha + p
-        if HAS_KEEP:
-            p = p * tl.load(KEEP + slot, mask=ok, other=0).to(tl.float32) * keep_scale
+        if HAS_KEEP:  # a hashed mask's position: (b*H + h, query, slot)
+            p = p * keep_factor(KEEP, slot, bh, rows, 0 * rows + s, ok, keep_scale, keep_threshold, KEEP_HASH)
         acc = acc * alpha[:, None] + p[:, None] * v_mix
         row_max = m_new
     has_mass = row_sum > 0.0
@@ -128,8 +129,8 @@ def _gathered_fwd(
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
-    GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    KEEP_HASH: tl.constexpr, GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    GLOBAL_DROPOUT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # With global rows, their `B * H` programs come first, so that their loops over every key start early and
     # overlap the slot programs (kernels/triton/global_rows.py).
@@ -143,21 +144,22 @@ def _gathered_fwd(
     else:
         _slots_fwd(
             pid - global_programs, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, LSE,
-            num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
+            num_heads, num_queries, num_keys, num_slots, scale, keep_scale, keep_threshold,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-            D, BLOCK_D, BLOCK_M, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS, HAS_KEEP, GLOBALS, KEYS, GLOBAL_ROWS,
+            D, BLOCK_D, BLOCK_M, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS, HAS_KEEP, KEEP_HASH, GLOBALS, KEYS,
+            GLOBAL_ROWS,
         )  # fmt: skip
 
 
 @triton.jit
 def _slots_bwd(
     pid, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, DO, LSE, DQ, DK, DV, DWEIGHT, DBIAS,
-    num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
+    num_heads, num_queries, num_keys, num_slots, scale, keep_scale, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdk_b, sdk_h, sdk_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
-    NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
+    KEEP_HASH: tl.constexpr, NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
     GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Backward of one block of queries over their slots."""
@@ -187,7 +189,7 @@ def _slots_bwd(
         p = tl.exp(logit - lse)  # recomputed softmax probability of the slot
         grad_p = tl.sum(do * v_mix, 1)  # d loss / d p_s = keep factor * <dO, v~_s>
         if HAS_KEEP:
-            factor = tl.load(KEEP + slot, mask=ok, other=0).to(tl.float32) * keep_scale
+            factor = keep_factor(KEEP, slot, bh, rows, 0 * rows + s, ok, keep_scale, keep_threshold, KEEP_HASH)
             grad_p = grad_p * factor
             kept = p * factor
         else:
@@ -222,7 +224,7 @@ def _gathered_bwd(
     sdk_b, sdk_h, sdk_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, J: tl.constexpr, DOT: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_VALID: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEEP: tl.constexpr,
-    NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
+    KEEP_HASH: tl.constexpr, NEED_WEIGHT: tl.constexpr, NEED_BIAS: tl.constexpr,
     GLOBALS: tl.constexpr, KEYS: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
@@ -238,10 +240,10 @@ def _gathered_bwd(
     else:
         _slots_bwd(
             pid - global_programs, Q, K, V, IDX, WEIGHT, VALID, BIAS, KEEP, KEY_MASK, OUT, DO, LSE, DQ, DK, DV,
-            DWEIGHT, DBIAS, num_heads, num_queries, num_keys, num_slots, scale, keep_scale,
+            DWEIGHT, DBIAS, num_heads, num_queries, num_keys, num_slots, scale, keep_scale, keep_threshold,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
             sdk_b, sdk_h, sdk_n, D, BLOCK_D, BLOCK_M, J, DOT, HAS_WEIGHT, HAS_VALID, HAS_BIAS, HAS_KEEP,
-            NEED_WEIGHT, NEED_BIAS, GLOBALS, KEYS, GLOBAL_ROWS,
+            KEEP_HASH, NEED_WEIGHT, NEED_BIAS, GLOBALS, KEYS, GLOBAL_ROWS,
         )  # fmt: skip
 
 
@@ -259,7 +261,8 @@ class GatheredAttentionTriton(torch.autograd.Function):
         # (B, Nq, H, d) in memory, as the heads are merged next: the merge is then a view, not a copy.
         out = torch.empty(B, Nq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
         lse = torch.empty(B * H * Nq, dtype=torch.float32, device=q.device)
-        meta = _meta(D, entries, dot_product, weight, valid, bias, keep, key_mask, global_rows, global_seed)
+        hashed = is_seed(keep)
+        meta = _meta(D, entries, dot_product, weight, valid, bias, keep, key_mask, global_rows, global_seed, hashed)
         global_programs = B * H if global_rows else 0
         grid = (global_programs + triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
@@ -293,7 +296,8 @@ class GatheredAttentionTriton(torch.autograd.Function):
         dkv = torch.zeros(2 if dot else 1, B, Nk, H, D, dtype=torch.float32, device=q.device)
         dweight = torch.empty(idx.shape, dtype=torch.float32, device=q.device) if need_weight else None
         dbias = torch.empty(idx.shape[:4], dtype=torch.float32, device=q.device) if need_bias else None
-        meta = _meta(D, entries, dot, weight, valid, bias, keep, key_mask, ctx.global_rows, global_seed)
+        hashed = is_seed(keep)
+        meta = _meta(D, entries, dot, weight, valid, bias, keep, key_mask, ctx.global_rows, global_seed, hashed)
         global_programs = B * H if ctx.global_rows else 0
         grid = (global_programs + triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)
         if Nq > 0 and B * H > 0:
@@ -314,7 +318,7 @@ class GatheredAttentionTriton(torch.autograd.Function):
 
 def _meta(
     head_dim: int, entries: int, dot_product: bool, weight, valid, bias, keep, key_mask, global_rows: int,
-    global_seed: Tensor | None,
+    global_seed: Tensor | None, keep_hash: bool,
 ) -> dict:  # fmt: skip
     return {
         **query_tile_meta(head_dim),
@@ -324,6 +328,7 @@ def _meta(
         "HAS_VALID": valid is not None,
         "HAS_BIAS": bias is not None,
         "HAS_KEEP": keep is not None,
+        "KEEP_HASH": keep_hash,  # `keep` is the seed of the hashed mask (`hashing.grid_keep`), not a mask
         "GLOBALS": max(global_rows, 1),
         "KEYS": 0 if key_mask is None else 2,  # the padding mask as uint8 (global_rows.is_real)
         "GLOBAL_ROWS": global_rows > 0,
@@ -349,12 +354,14 @@ def gathered_attention_triton(
     global_rows: int = 0,
     key_valid: Tensor | None = None,
     global_seed: Tensor | None = None,
+    keep_seed: Tensor | None = None,
 ) -> Tensor:
     """Triton implementation of [`attnzoo.kernels.gathered_attention`] with an explicit dropout keep-mask `keep`
-    (B, H, Nq, K) or None; arguments as there (and checked there). q, k and v share one dtype among fp32, bf16 and
-    fp16; the result has it too. `global_rows` and `key_valid`: the global queries' dense rows, computed in the
-    kernels (up to `MAX_FUSED_GLOBALS` of them, with the dot product; otherwise replaced after the kernel), with the
-    dropout mask hashed from `global_seed` (`None`: no dropout on them)."""
+    (B, H, Nq, K), or the seed of a hashed one that the kernels regenerate (`keep_seed`), or neither; arguments as
+    there (and checked there). q, k and v share one dtype among fp32, bf16 and fp16; the result has it too.
+    `global_rows` and `key_valid`: the global queries' dense rows, computed in the kernels (up to
+    `MAX_FUSED_GLOBALS` of them, with the dot product; otherwise replaced after the kernel), with the dropout mask
+    hashed from `global_seed` (`None`: no dropout on them)."""
     check_dtypes(q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -365,8 +372,7 @@ def gathered_attention_triton(
         # Invalid slots may hold padding such as -1: the kernel masks their loads, the index only has to exist.
         valid = valid.contiguous().view(torch.uint8)
     keep_scale = 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)
-    if keep is not None:
-        keep = keep.contiguous().view(torch.uint8)
+    keep = keep_argument(keep, keep_seed)
     if weight is not None:
         weight = weight.contiguous()
     if logit_bias is not None:

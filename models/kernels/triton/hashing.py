@@ -4,8 +4,10 @@ arithmetic (products wrap, logical shifts as masked arithmetic ones), so that a 
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 # Must equal `attnzoo.kernels.hashing` (`_MIX1`, `_MIX2`, `_GOLDEN`); a test compares them.
 MIX1 = -0x40A7B892E31B1A47
@@ -36,3 +38,30 @@ def keep_at(seed, head, row, col, threshold):
     `threshold` (`keep_threshold(p)`)."""
     x = seed + (head.to(tl.int64) + 1) * _GOLDEN + row.to(tl.int64) * _MIX1 + col.to(tl.int64) * _MIX2
     return ((mix(x) >> 40) & _LOW24) >= threshold
+
+
+@triton.jit
+def keep_factor(KEEP, offset, head, row, col, ok, keep_scale, keep_threshold, KEEP_HASH: tl.constexpr):
+    """Inverted-dropout factors of entries (`keep_scale` where kept, 0 where dropped or not `ok`): read from a stored
+    uint8 mask at `KEEP + offset`, or with `KEEP_HASH` regenerated as [`keep_at`] of the seed `KEEP` (a `()` int64
+    tensor) at `(head, row, col)` (tensors, broadcast together)."""
+    if KEEP_HASH:
+        kept = keep_at(tl.load(KEEP), head, row, col, keep_threshold)
+    else:
+        kept = tl.load(KEEP + offset, mask=ok, other=0) != 0
+    return tl.where(ok & kept, keep_scale, 0.0)
+
+
+def keep_argument(keep: Tensor | None, keep_seed: Tensor | None) -> Tensor | None:
+    """What a kernel's `KEEP` pointer reads: a stored keep mask as uint8, or the `()` int64 seed of a hashed one
+    (then the kernel's `KEEP_HASH`, [`is_seed`]), or nothing."""
+    if keep_seed is None:
+        return None if keep is None else keep.contiguous().view(torch.uint8)
+    if keep is not None:
+        raise ValueError("a dropout mask comes as keep or as keep_seed, not both")
+    return keep_seed
+
+
+def is_seed(keep: Tensor | None) -> bool:
+    """Whether a [`keep_argument`] is the seed of a hashed mask (`KEEP_HASH`) rather than a stored one."""
+    return keep is not None and keep.dtype == torch.int64

@@ -33,6 +33,7 @@ from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_row
 from .global_rows import load_rows as _load_rows
 from .global_rows import replaced_rows as _replaced
 from .global_rows import scatter_rows as _scatter_rows
+from .hashing import is_seed, keep_argument, keep_factor
 from .launch import check_dtypes, query_tile_meta, row_strides
 from .launch import pointer_or as _or
 
@@ -126,12 +127,13 @@ def _distinct_keys(
 @triton.jit
 def _points_fwd(
     pid, Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, REAL, OUT, LSE, STATS,
-    num_heads, num_queries, num_keys, query_offset, scale, keep_scale,
+    num_heads, num_queries, num_keys, query_offset, scale, keep_scale, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr, P2: tl.constexpr,
     GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
     DOT: tl.constexpr, HAS_KEEP: tl.constexpr, DENSITY: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
+    KEEP_HASH: tl.constexpr,
 ):  # fmt: skip
     """One block of queries: their K points and the global slots (the method's own attention)."""
     bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
@@ -145,7 +147,7 @@ def _points_fwd(
     rows64 = rows.to(tl.int64)
     off_base = OFF + b * sp_b + h * sp_h + rows64 * sp_n  # (BLOCK_M,) pointers to point 0
     logit_base = LOGIT + b * sl_b + h * sl_h + rows64 * sl_n
-    keep_base = KEEP + (bh * num_queries + rows64) * (POINTS + GLOBALS)  # (B, H, Nq, K + g) keep-mask
+    keep_row = (bh * num_queries + rows64) * (POINTS + GLOBALS)  # (B, H, Nq, K + g) keep-mask
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -166,7 +168,8 @@ def _points_fwd(
             logit = tl.load(logit_base + s * sl_k, mask=row_ok, other=0.0).to(tl.float32)
         logit = tl.where(live, logit, float("-inf"))
         if HAS_KEEP:
-            factor = tl.load(keep_base + s, mask=live, other=0).to(tl.float32) * keep_scale
+            slot = rows64 * 0 + s  # a hashed mask's position: (b*H + h, query, slot)
+            factor = keep_factor(KEEP, keep_row + s, bh, rows64, slot, live, keep_scale, keep_threshold, KEEP_HASH)
         row_max, row_sum, acc = _softmax_step(row_max, row_sum, acc, logit, v_mix, factor, HAS_KEEP)
     for j in tl.static_range(GLOBALS):
         key_row = tl.zeros([BLOCK_M], tl.int32) + j
@@ -179,7 +182,8 @@ def _points_fwd(
             logit = tl.zeros([BLOCK_M], tl.float32)  # a global slot has no learned logit
         logit = tl.where(ok, logit, float("-inf"))
         if HAS_KEEP:
-            factor = tl.load(keep_base + POINTS + j, mask=ok, other=0).to(tl.float32) * keep_scale
+            slot = rows64 * 0 + POINTS + j
+            factor = keep_factor(KEEP, keep_row + slot, bh, rows64, slot, ok, keep_scale, keep_threshold, KEEP_HASH)
         row_max, row_sum, acc = _softmax_step(row_max, row_sum, acc, logit, v_mix, factor, HAS_KEEP)
     has_mass = row_sum > 0.0
     out = acc / tl.where(has_mass, row_sum, 1.0)[:, None]
@@ -217,7 +221,7 @@ def _interpolated_fwd(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr, P2: tl.constexpr,
     GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
     DOT: tl.constexpr, HAS_KEEP: tl.constexpr, DENSITY: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
-    GLOBAL_DROPOUT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    GLOBAL_DROPOUT: tl.constexpr, KEEP_HASH: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     # The global-row programs (one per (batch, head)) come first, so that their loops over every key start early
     # and overlap the thousands of short point programs.
@@ -231,25 +235,25 @@ def _interpolated_fwd(
     else:
         _points_fwd(
             pid - global_programs, Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, REAL, OUT, LSE, STATS,
-            num_heads, num_queries, num_keys, query_offset, scale, keep_scale,
+            num_heads, num_queries, num_keys, query_offset, scale, keep_scale, keep_threshold,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
             sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
             D, BLOCK_D, BLOCK_M, POINTS, P2, GLOBALS, CAUSAL, REFLECT, HAS_TABLES, DOT, HAS_KEEP, DENSITY,
-            GLOBAL_ROWS,
+            GLOBAL_ROWS, KEEP_HASH,
         )  # fmt: skip
 
 
 @triton.jit
 def _points_bwd(
     pid, Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF, DLOGIT,
-    num_heads, num_queries, num_keys, query_offset, scale, keep_scale,
+    num_heads, num_queries, num_keys, query_offset, scale, keep_scale, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
     sdp_b, sdp_h, sdp_n, sdp_k,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr,
     GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
     DOT: tl.constexpr, HAS_KEEP: tl.constexpr, NEED_OFFSETS: tl.constexpr, NEED_LOGITS: tl.constexpr,
-    GLOBAL_ROWS: tl.constexpr,
+    GLOBAL_ROWS: tl.constexpr, KEEP_HASH: tl.constexpr,
 ):  # fmt: skip
     """Backward of one block of queries' points and global slots."""
     bh, b, h, rows, row_ok, dim, dim_ok = _query_block(pid, num_heads, num_queries, D, BLOCK_M, BLOCK_D)
@@ -267,7 +271,7 @@ def _points_bwd(
     rows64 = rows.to(tl.int64)
     off_base = OFF + b * sp_b + h * sp_h + rows64 * sp_n
     logit_base = LOGIT + b * sl_b + h * sl_h + rows64 * sl_n
-    keep_base = KEEP + (bh * num_queries + rows64) * (POINTS + GLOBALS)
+    keep_row = (bh * num_queries + rows64) * (POINTS + GLOBALS)
     # dK and dV: fp32 buffers of one layout (strides sdk_*), fed by atomics.
     dk = DK + b * sdk_b + h * sdk_h
     dv = DV + b * sdk_b + h * sdk_h
@@ -295,7 +299,8 @@ def _points_bwd(
         logit = tl.where(live, logit, float("-inf"))
         p = tl.exp(logit - lse)  # the recomputed softmax probability of the slot
         if HAS_KEEP:
-            factor = tl.load(keep_base + s, mask=live, other=0).to(tl.float32) * keep_scale
+            slot = rows64 * 0 + s  # a hashed mask's position: (b*H + h, query, slot)
+            factor = keep_factor(KEEP, keep_row + s, bh, rows64, slot, live, keep_scale, keep_threshold, KEEP_HASH)
         kept = p * factor
         grad_p = tl.sum(do * (w0[:, None] * v0 + w1[:, None] * v1), 1) * factor
         grad_s = tl.where(live, p * (grad_p - delta), 0.0)  # softmax backward; delta = sum_s p_s grad_p_s
@@ -321,7 +326,8 @@ def _points_bwd(
         logit = tl.where(ok, logit, float("-inf"))
         p = tl.exp(logit - lse)
         if HAS_KEEP:
-            factor = tl.load(keep_base + POINTS + j, mask=ok, other=0).to(tl.float32) * keep_scale
+            slot = rows64 * 0 + POINTS + j
+            factor = keep_factor(KEEP, keep_row + slot, bh, rows64, slot, ok, keep_scale, keep_threshold, KEEP_HASH)
         kept = tl.where(ok, p * factor, 0.0)
         grad_s = tl.where(ok, p * (tl.sum(do * v_row[None, :], 1) * factor - delta), 0.0)
         tl.atomic_add(dv + j * sdk_n + dim, tl.sum(kept[:, None] * do, 0), mask=dim_ok, sem="relaxed")
@@ -344,7 +350,8 @@ def _interpolated_bwd(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, POINTS: tl.constexpr,
     GLOBALS: tl.constexpr, CAUSAL: tl.constexpr, REFLECT: tl.constexpr, HAS_TABLES: tl.constexpr,
     DOT: tl.constexpr, HAS_KEEP: tl.constexpr, NEED_OFFSETS: tl.constexpr, NEED_LOGITS: tl.constexpr,
-    GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr, KEEP_HASH: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if pid < global_programs:  # first, as in the forward
@@ -358,11 +365,11 @@ def _interpolated_bwd(
     else:
         _points_bwd(
             pid - global_programs, Q, K, V, OFF, LOGIT, KEEP, BEFORE, AFTER, OUT, DO, LSE, DQ, DK, DV, DOFF,
-            DLOGIT, num_heads, num_queries, num_keys, query_offset, scale, keep_scale,
+            DLOGIT, num_heads, num_queries, num_keys, query_offset, scale, keep_scale, keep_threshold,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
             sdq_b, sdq_h, sdq_n, sdk_b, sdk_h, sdk_n, sp_b, sp_h, sp_n, sp_k, sl_b, sl_h, sl_n, sl_k,
             sdp_b, sdp_h, sdp_n, sdp_k, D, BLOCK_D, BLOCK_M, POINTS, GLOBALS, CAUSAL, REFLECT, HAS_TABLES,
-            DOT, HAS_KEEP, NEED_OFFSETS, NEED_LOGITS, GLOBAL_ROWS,
+            DOT, HAS_KEEP, NEED_OFFSETS, NEED_LOGITS, GLOBAL_ROWS, KEEP_HASH,
         )  # fmt: skip
 
 
@@ -378,7 +385,8 @@ class _Selection:
     keep_scale: float
     density: bool
     global_rows: bool  # the global queries' dense rows are computed in the kernels
-    keep_threshold: int  # their dropout's (hashing.keep_threshold), when a seed is given
+    keep_threshold: int  # the dropout's (hashing.keep_threshold), of the hashed masks
+    keep_hash: bool = False  # the slots' mask is hashed from a seed (given in place of the mask)
 
 
 def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_logits, keep, seed) -> dict:
@@ -392,6 +400,7 @@ def _meta(head_dim: int, num_points: int, selection: _Selection, before, point_l
         "HAS_TABLES": before is not None,
         "DOT": point_logits is None,
         "HAS_KEEP": keep is not None,
+        "KEEP_HASH": selection.keep_hash,  # `keep` is the seed of the hashed mask (`hashing.grid_keep`)
         "GLOBAL_ROWS": selection.global_rows,
         "GLOBAL_DROPOUT": seed is not None,
         # The global rows' programs: up to 16 queries (tl.dot's smallest tile) against key tiles.
@@ -499,10 +508,12 @@ def interpolated_attention_triton(
     keep: Tensor | None = None,
     dropout_p: float = 0.0,
     global_seed: Tensor | None = None,
+    keep_seed: Tensor | None = None,
     density: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Triton implementation of [`attnzoo.kernels.dispatch.interpolated_attention`] (arguments as there, checked
-    there). q, k and v share one dtype among fp32, bf16 and fp16; the offsets and point logits are fp32.
+    there; an explicit keep-mask, or the seed of a hashed one that the kernels regenerate, `keep_seed`, or neither).
+    q, k and v share one dtype among fp32, bf16 and fp16; the offsets and point logits are fp32.
 
     The global queries' dense rows run in the kernels (one extra program per (batch, head), started first), with
     the dropout mask hashed from `global_seed` (`None`: no dropout on them), except beyond 16 global tokens: then
@@ -522,8 +533,7 @@ def interpolated_attention_triton(
     before = after = real = None
     if key_valid is not None:
         before, after, real = key_tables(key_valid)
-    if keep is not None:
-        keep = keep.contiguous().view(torch.uint8)
+    keep = keep_argument(keep, keep_seed)
     fused_rows = global_rows and 0 < num_global <= MAX_FUSED_GLOBALS
     selection = _Selection(
         num_global=num_global,
@@ -535,6 +545,7 @@ def interpolated_attention_triton(
         density=density,
         global_rows=fused_rows,
         keep_threshold=keep_threshold(dropout_p),
+        keep_hash=is_seed(keep),
     )
     seed = global_seed if fused_rows else None
     out, stats = InterpolatedAttentionTriton.apply(

@@ -43,6 +43,7 @@ from ..global_rows import replace_global_rows, row_settings
 from ..hashing import keep_threshold
 from .global_rows import BLOCK_N as GLOBAL_BLOCK_N
 from .global_rows import MAX_FUSED_GLOBALS, dropout_factor, global_rows_bwd, global_rows_fwd, replaced_rows
+from .hashing import keep_argument, keep_factor
 from .launch import block_d, check_dtypes, row_strides
 from .launch import pointer_or as _or
 
@@ -99,8 +100,8 @@ def _finish(m, total):
 @triton.jit
 def _edge_chunk(
     K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
-    sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm,
-    BLOCK_E: tl.constexpr, HAS_SKEEP: tl.constexpr,
+    sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, keep_threshold, inv_two_var, norm,
+    BLOCK_E: tl.constexpr, HAS_SKEEP: tl.constexpr, KEEP_HASH: tl.constexpr,
 ):  # fmt: skip
     """Edges `e0 .. e0 + BLOCK_E` of a row (those below `end`, of keys past the `G` global ones): edge ids, live
     lanes, flat slot ids, key positions, slot indices, key and value rows, logits (-inf off the live lanes),
@@ -120,16 +121,16 @@ def _edge_chunk(
     mean = tl.load(MEAN + slot_id, mask=ok, other=0.0)
     conf = tl.where(ok, _confidence(i_f, mean, inv_two_var, norm), 0.0)
     keep = tl.where(ok, 1.0, 0.0)
-    if HAS_SKEEP:
-        keep = keep * tl.load(SKEEP + slot_id, mask=ok, other=0).to(tl.float32) * keep_scale
+    if HAS_SKEEP:  # a hashed mask's position: (b*H + h, key, slot)
+        keep = keep_factor(SKEEP, slot_id, bh, key, s, ok, keep_scale, keep_threshold, KEEP_HASH)
     return edge, ok, slot_id, key, s, k_rows, v_rows, score, mean, conf, keep
 
 
 @triton.jit
 def _global_chunk(
-    K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, G,
-    sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale,
-    BLOCK_G: tl.constexpr, HAS_VALID: tl.constexpr, HAS_GKEEP: tl.constexpr,
+    K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, S, G,
+    sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, keep_threshold,
+    BLOCK_G: tl.constexpr, HAS_VALID: tl.constexpr, HAS_GKEEP: tl.constexpr, KEEP_HASH: tl.constexpr,
 ):  # fmt: skip
     """Global keys `g0 .. g0 + BLOCK_G` of a row: positions, live lanes (real query and key), key and value rows,
     logits (-inf off the live lanes) and post-softmax factors (dropout; confidence 1)."""
@@ -142,8 +143,10 @@ def _global_chunk(
     v_rows = _gather(V, sv_b, sv_h, sv_n, b, h, key, dim, mask)
     score = tl.where(ok, tl.sum(k_rows * q[None, :], 1) * scale, float("-inf"))
     factor = tl.where(ok, 1.0, 0.0)
-    if HAS_GKEEP:
-        factor = factor * tl.load(GKEEP + pid * G + key, mask=ok, other=0).to(tl.float32) * keep_scale
+    if HAS_GKEEP:  # a hashed mask's position: (b*H + h, query, S + global key), after the slots'
+        row = pid + 0 * key
+        offset = pid * G + key
+        factor = keep_factor(GKEEP, offset, row // N, row % N, S + key, ok, keep_scale, keep_threshold, KEEP_HASH)
     return key, ok, k_rows, v_rows, score, factor
 
 
@@ -211,10 +214,10 @@ def _global_rows_dkv(
 @triton.jit
 def _row_fwd(
     pid, Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE, PAIRS,
-    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
+    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
-    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, KEEP_HASH: tl.constexpr, HAS_VALID: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBALS: tl.constexpr,
     KEYS: tl.constexpr,
 ):  # fmt: skip
@@ -244,7 +247,8 @@ def _row_fwd(
     for e0 in range(start, end, BLOCK_E):
         edge, ok, _, key, s, _, v_rows, score, _, conf, keep = _edge_chunk(
             K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
-            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm, BLOCK_E, HAS_SKEEP,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, keep_threshold, inv_two_var, norm, BLOCK_E,
+            HAS_SKEEP, KEEP_HASH,
         )  # fmt: skip
         # The row's slots in query-major order, as int32 for the backward (the sort gives int64 positions).
         tl.store(ORDER32 + bh * N * S + edge, key * S + s, mask=edge < end)
@@ -260,8 +264,9 @@ def _row_fwd(
     if HAS_GLOBAL:
         for g0 in range(0, G, BLOCK_G):
             _, ok, _, v_rows, score, factor = _global_chunk(
-                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, G,
-                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, BLOCK_G, HAS_VALID, HAS_GKEEP,
+                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, S, G,
+                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, keep_threshold, BLOCK_G, HAS_VALID, HAS_GKEEP,
+                KEEP_HASH,
             )  # fmt: skip
             if OWN_GLOBAL:
                 m2, l2, acc2 = _online(m2, l2, acc2, score, factor, v_rows)
@@ -288,7 +293,7 @@ def _slots_fwd(
     H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, global_programs, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
-    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, KEEP_HASH: tl.constexpr, HAS_VALID: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, GLOBAL_ROWS: tl.constexpr, GLOBAL_DROPOUT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
@@ -305,9 +310,10 @@ def _slots_fwd(
     else:
         _row_fwd(
             pid - global_programs, Q, K, V, MEAN, ORDER, QUERIES, CROW, ORDER32, SKEEP, GKEEP, VALID, OUT, LSE,
-            PAIRS, H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
+            PAIRS, H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, keep_threshold,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
-            D, BLOCK_D, BLOCK_E, BLOCK_G, HAS_SKEEP, HAS_GKEEP, HAS_VALID, HAS_GLOBAL, OWN_GLOBAL, GLOBAL_ROWS,
+            D, BLOCK_D, BLOCK_E, BLOCK_G, HAS_SKEEP, HAS_GKEEP, KEEP_HASH, HAS_VALID, HAS_GLOBAL, OWN_GLOBAL,
+            GLOBAL_ROWS,
             GLOBALS, KEYS,
         )  # fmt: skip
 
@@ -315,10 +321,10 @@ def _slots_fwd(
 @triton.jit
 def _row_bwd(
     pid, Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, DO, LSE, DQ, DS, PW, DMEAN, DSG, PG,
-    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
+    H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, keep_threshold,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, sdq_b, sdq_h, sdq_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
-    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, KEEP_HASH: tl.constexpr, HAS_VALID: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
     GLOBALS: tl.constexpr, KEYS: tl.constexpr,
 ):  # fmt: skip
@@ -350,7 +356,8 @@ def _row_bwd(
     for e0 in range(start, end, BLOCK_E):
         _, ok, _, _, s, _, v_rows, score, _, conf, keep = _edge_chunk(
             K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
-            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm, BLOCK_E, HAS_SKEEP,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, keep_threshold, inv_two_var, norm, BLOCK_E,
+            HAS_SKEEP, KEEP_HASH,
         )  # fmt: skip
         graph = s < G0
         p = tl.exp(score - tl.where(graph, lse0, lse1))
@@ -360,8 +367,9 @@ def _row_bwd(
     if HAS_GLOBAL:
         for g0 in range(0, G, BLOCK_G):
             _, ok, _, v_rows, score, factor = _global_chunk(
-                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, G,
-                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, BLOCK_G, HAS_VALID, HAS_GKEEP,
+                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, S, G,
+                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, keep_threshold, BLOCK_G, HAS_VALID, HAS_GKEEP,
+                KEEP_HASH,
             )  # fmt: skip
             term = tl.sum(tl.exp(score - lse_global) * factor * tl.sum(v_rows * do[None, :], 1), 0)
             if OWN_GLOBAL:
@@ -373,7 +381,8 @@ def _row_bwd(
     for e0 in range(start, end, BLOCK_E):
         _, ok, slot_id, _, s, k_rows, v_rows, score, mean, conf, keep = _edge_chunk(
             K, V, MEAN, ORDER, SKEEP, q, e0, end, bh, b, h, i_f, dim, dim_ok, N, S, G,
-            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, inv_two_var, norm, BLOCK_E, HAS_SKEEP,
+            sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, keep_threshold, inv_two_var, norm, BLOCK_E,
+            HAS_SKEEP, KEEP_HASH,
         )  # fmt: skip
         graph = s < G0
         p = tl.exp(score - tl.where(graph, lse0, lse1))
@@ -390,8 +399,9 @@ def _row_bwd(
     if HAS_GLOBAL:
         for g0 in range(0, G, BLOCK_G):
             key, ok, k_rows, v_rows, score, factor = _global_chunk(
-                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, G,
-                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, BLOCK_G, HAS_VALID, HAS_GKEEP,
+                K, V, VALID, GKEEP, q, g0, pid, b, h, q_real, dim, dim_ok, N, S, G,
+                sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, scale, keep_scale, keep_threshold, BLOCK_G, HAS_VALID, HAS_GKEEP,
+                KEEP_HASH,
             )  # fmt: skip
             p = tl.exp(score - lse_global)
             delta = delta0
@@ -411,7 +421,7 @@ def _slots_bwd_rows(
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n, sdo_b, sdo_h, sdo_n,
     sdq_b, sdq_h, sdq_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_G: tl.constexpr,
-    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, HAS_VALID: tl.constexpr,
+    HAS_SKEEP: tl.constexpr, HAS_GKEEP: tl.constexpr, KEEP_HASH: tl.constexpr, HAS_VALID: tl.constexpr,
     HAS_GLOBAL: tl.constexpr, OWN_GLOBAL: tl.constexpr, TRUNCATE: tl.constexpr, GLOBAL_ROWS: tl.constexpr,
     GLOBAL_DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, GLOBALS: tl.constexpr,
     KEYS: tl.constexpr,
@@ -429,9 +439,9 @@ def _slots_bwd_rows(
     else:
         _row_bwd(
             pid - global_programs, Q, K, V, MEAN, ORDER, CROW, SKEEP, GKEEP, VALID, DO, LSE, DQ, DS, PW, DMEAN,
-            DSG, PG, H, N, S, G0, G, scale, keep_scale, inv_two_var, norm,
+            DSG, PG, H, N, S, G0, G, scale, keep_scale, inv_two_var, norm, keep_threshold,
             sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_n, sdq_b, sdq_h, sdq_n,
-            D, BLOCK_D, BLOCK_E, BLOCK_G, HAS_SKEEP, HAS_GKEEP, HAS_VALID, HAS_GLOBAL, OWN_GLOBAL, TRUNCATE,
+            D, BLOCK_D, BLOCK_E, BLOCK_G, HAS_SKEEP, HAS_GKEEP, KEEP_HASH, HAS_VALID, HAS_GLOBAL, OWN_GLOBAL, TRUNCATE,
             GLOBAL_ROWS, GLOBALS, KEYS,
         )  # fmt: skip
 
@@ -611,11 +621,12 @@ class _Settings:
 
     def __init__(
         self, *, num_graph_slots, num_global, own_global, scale, keep_scale, variance, normalized, truncate,
-        global_rows=False, keep_threshold=0,
+        global_rows=False, keep_threshold=0, keep_hash=False,
     ):  # fmt: skip
         self.num_graph_slots, self.num_global, self.own_global = num_graph_slots, num_global, own_global
         self.global_rows = global_rows  # the global queries' dense rows computed in the kernels
-        self.keep_threshold = keep_threshold  # their dropout's (hashing.keep_threshold), when a seed is given
+        self.keep_threshold = keep_threshold  # the hashed masks' dropout (hashing.keep_threshold)
+        self.keep_hash = keep_hash  # the slots' and global edges' masks are hashed from a seed given in their place
         self.scale, self.keep_scale, self.truncate = scale, keep_scale, truncate
         self.inv_two_var = 1.0 / (2.0 * variance)
         self.norm = 1.0 / math.sqrt(2.0 * math.pi * variance) if normalized else 1.0
@@ -632,6 +643,7 @@ class _Settings:
             "BLOCK_G": min(triton.next_power_of_2(max(self.num_global, 1)), 16),
             "HAS_SKEEP": slot_keep is not None,
             "HAS_GKEEP": global_keep is not None,
+            "KEEP_HASH": self.keep_hash,
             "HAS_VALID": valid is not None,
             "HAS_GLOBAL": self.num_global > 0,
             "OWN_GLOBAL": self.own_global,
@@ -677,9 +689,11 @@ def key_slot_attention_triton(
     dropout_p: float,
     global_rows: bool = False,
     global_seed: Tensor | None = None,
+    keep_seed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Triton implementation of [`attnzoo.kernels.key_slot_attention`] (arguments as there, checked there; explicit
-    keep-masks or None). q, k and v share one dtype among fp32, bf16 and fp16; the output has it too.
+    keep-masks, or the seed of hashed ones that the kernels regenerate, `keep_seed`, or neither). q, k and v share
+    one dtype among fp32, bf16 and fp16; the output has it too.
 
     With `global_rows`, the global queries' dense rows run in the kernels (one extra program per (batch, head),
     started first; their dK and dV join the key-major pass), their dropout mask hashed from `global_seed` (`None`:
@@ -705,9 +719,12 @@ def key_slot_attention_triton(
         truncate=truncate,
         global_rows=fused_rows,
         keep_threshold=keep_threshold(dropout_p),
+        keep_hash=keep_seed is not None,
     )
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    views = [None if t is None else t.contiguous().view(torch.uint8) for t in (slot_keep, global_keep, key_valid)]
+    slot_keep = keep_argument(slot_keep, keep_seed)  # a seed serves both pointers
+    global_keep = keep_argument(global_keep, keep_seed if num_global else None)
+    views = [slot_keep, global_keep, None if key_valid is None else key_valid.contiguous().view(torch.uint8)]
     mean = mean.to(torch.float32).contiguous()
     seed = global_seed if fused_rows else None
     out, pairs = KeySlotAttentionTriton.apply(
