@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .hashing import draw_seed
+from .hashing import seed_or_draw
 
 
 def dropout_mask(
@@ -46,9 +46,7 @@ def dropout_mask(
         return keep, None
     if not (training and dropout_p > 0.0):
         return None, None
-    seed = draw_seed(device, generator) if keep_seed is None else keep_seed
-    if seed.dtype != torch.int64 or seed.dim() != 0:
-        raise ValueError(f"keep_seed must be a () int64 tensor, got {seed.dtype} of shape {tuple(seed.shape)}")
+    seed = seed_or_draw(keep_seed, "keep_seed", device, generator)
     return (None, seed) if fused else (materialise(seed), None)
 
 

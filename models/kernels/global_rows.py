@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .dense import global_query_rows, splice_rows
-from .hashing import draw_seed
+from .hashing import seed_or_draw
 
 
 def check_global_rows(q: Tensor, k: Tensor, global_rows: int, key_valid: Tensor | None) -> None:
@@ -49,11 +49,7 @@ def global_rows_seed(
     A primitive takes it once, so that whichever implementation runs draws the same mask."""
     if not (training and dropout_p > 0.0):
         return None
-    if seed is None:
-        return draw_seed(device, generator)
-    if seed.dtype != torch.int64 or seed.dim() != 0:
-        raise ValueError(f"global_seed must be a () int64 tensor, got {seed.dtype} of shape {tuple(seed.shape)}")
-    return seed
+    return seed_or_draw(seed, "global_seed", device, generator)
 
 
 def row_settings(scale: float | None, dropout_p: float, seed: Tensor | None) -> dict:

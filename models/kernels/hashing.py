@@ -109,6 +109,17 @@ def position_keep(seed: Tensor, num: int, dropout_p: float) -> Tensor:
     return hashed_keep(seed, 1, positions[:1] * 0, positions, dropout_p).view(num)
 
 
+def seed_or_draw(
+    seed: Tensor | None, name: str, device: torch.device, generator: torch.Generator | None = None
+) -> Tensor:
+    """`seed` (`ValueError` naming the argument `name` unless it is a `()` int64 tensor), or a fresh [`draw_seed`]."""
+    if seed is None:
+        return draw_seed(device, generator)
+    if seed.dtype != torch.int64 or seed.dim() != 0:
+        raise ValueError(f"{name} must be a () int64 tensor, got {seed.dtype} of shape {tuple(seed.shape)}")
+    return seed
+
+
 def draw_seed(device: torch.device, generator: torch.Generator | None = None) -> Tensor:
     """A fresh hash seed `()` int64 on `device` from the (default) generator: one op, no host sync."""
     return torch.randint(1 << 62, (), device=device, dtype=torch.int64, generator=generator)

@@ -117,3 +117,18 @@ def test_position_keep_is_the_hash_at_head_0_row_0_and_keeps_1_minus_p():
     expected = hashed_keep(seed, 1, torch.zeros(1, dtype=torch.int64), torch.arange(50_000), 0.3)[0, 0]
     assert torch.equal(keep, expected)
     assert torch.equal(position_keep(seed, 10, 0.3), keep[:10])  # a position's decision does not depend on the size
+
+
+def test_a_seed_that_is_not_a_0d_int64_tensor_is_refused_by_name():
+    from attnzoo.kernels.dropout import dropout_mask
+    from attnzoo.kernels.global_rows import global_rows_seed
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="keep_seed must be a \\(\\) int64 tensor"):
+        dropout_mask(
+            None, torch.tensor([1]), dropout_p=0.1, training=True, fused=True, materialise=lambda s: s, device=cpu
+        )
+    with pytest.raises(ValueError, match="global_seed must be a \\(\\) int64 tensor"):
+        global_rows_seed(0.1, True, torch.tensor(1, dtype=torch.int32), cpu)
+    # without dropout no seed is drawn or checked
+    assert global_rows_seed(0.1, False, None, cpu) is None
