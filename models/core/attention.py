@@ -266,8 +266,7 @@ class ZooAttention(nn.Module):
         backward, no materialised fp32 softmax) and are spliced in when the heads merge ([`finish`]). With returned
         weights, or attention dropout in training (on the reference backend the counter hash's mask that the kernels
         computing these rows themselves regenerate, [`global_rows_seed`]), the materialised rows are spliced here
-        instead.
-        They read `out.inputs` in place of `q`, `k`, `v` when the method set it.
+        instead. They read `out.inputs` in place of `q`, `k`, `v` when the method set it.
         """
         if out.inputs is not None:
             q, k, v = out.inputs  # the same values, in the layout the method's kernel keeps
