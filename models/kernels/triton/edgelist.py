@@ -23,7 +23,7 @@ from ..csr import row_pointers
 from ..edgelist import sort_edges
 from ..global_rows import replace_global_rows, row_settings
 from ..hashing import keep_threshold
-from .global_rows import BLOCK_N, MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows
+from .global_rows import MAX_FUSED_GLOBALS, global_rows_bwd, global_rows_fwd, replaced_rows, row_meta
 from .hashing import is_seed, keep_argument, keep_factor
 from .launch import block_d, check_dtypes, dense
 from .launch import pointer_or as _or
@@ -330,12 +330,7 @@ def _meta(
         "HAS_WEIGHT": weight is not None,
         "HAS_KEEP": keep is not None,
         "KEEP_HASH": keep_hash,  # `keep` is the seed of the hashed mask (`hashing.position_keep`), not a mask
-        "GLOBALS": max(global_rows, 1),
-        "KEYS": 0 if key_mask is None else 2,  # the padding mask as uint8 (global_rows.is_real)
-        "GLOBAL_ROWS": global_rows > 0,
-        "GLOBAL_DROPOUT": global_seed is not None,
-        "BLOCK_G": MAX_FUSED_GLOBALS,
-        "BLOCK_N": BLOCK_N,
+        **row_meta(global_rows, key_mask, global_seed),
     }
 
 

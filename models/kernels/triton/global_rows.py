@@ -216,6 +216,19 @@ def global_rows_bwd(
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=row_mask)
 
 
+def row_meta(global_rows: int, key_mask, global_seed) -> dict:
+    """The compile-time switches of the global rows in a kernel that reads the padding mask as uint8 (`KEYS` 2):
+    the edge and gathered kernels'; `global_rows` fused rows (0: none), their hashed dropout with a seed."""
+    return {
+        "GLOBALS": max(global_rows, 1),
+        "KEYS": 0 if key_mask is None else 2,  # the padding mask as uint8 (is_real)
+        "GLOBAL_ROWS": global_rows > 0,
+        "GLOBAL_DROPOUT": global_seed is not None,
+        "BLOCK_G": MAX_FUSED_GLOBALS,
+        "BLOCK_N": BLOCK_N,
+    }
+
+
 def key_tables(key_valid: Tensor, block: int = 1024) -> tuple[Tensor, Tensor, Tensor]:
     """The nearest real key at or before / at or after every position `(B, Nk)` int32 (-1 / `Nk` where there is
     none) and the number of real keys per sample `(B,)` int32 (at least 1), in one launch that scans the keys in
