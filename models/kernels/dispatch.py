@@ -40,10 +40,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dense import dense_masked_attention
-from .dropout import dropout_mask
+from .dropout import call_dropout
 from .edgelist import check_edges, edge_attention_reference_with_mask, edge_attention_with_mask
 from .gathered import check_gathered, gathered_attention_reference_with_mask, gathered_attention_with_mask
-from .global_rows import check_global_rows, global_rows_seed, replace_global_rows, row_settings
+from .global_rows import check_global_rows, replace_global_rows, row_settings
 from .hashing import grid_keep, position_keep
 from .interpolated import check_interpolated, interpolated_attention_torch
 from .key_slots import check_key_slots, key_slot_attention_torch
@@ -265,11 +265,11 @@ def gathered_attention(
     check_gathered(q, k, v, idx, valid, weight, logit_bias)
     check_global_rows(q, k, global_rows, key_valid)
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
-    keep, keep_seed = dropout_mask(
-        keep, keep_seed, dropout_p=dropout_p, training=training, fused=implementation == "triton",
-        materialise=lambda seed: grid_keep(seed, tuple(idx.shape[:4]), dropout_p), device=q.device,
+    keep, keep_seed, seed = call_dropout(
+        keep, keep_seed, global_seed, global_rows=global_rows, dropout_p=dropout_p, training=training,
+        fused=implementation == "triton", materialise=lambda seed: grid_keep(seed, tuple(idx.shape[:4]), dropout_p),
+        device=q.device,
     )  # fmt: skip
-    seed = global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None
     kwargs = {"scale": scale, "keep": keep, "dropout_p": dropout_p, "weight": weight, "logit_bias": logit_bias}
     kwargs["dot_product"] = dot_product
     if implementation == "triton":
@@ -355,9 +355,9 @@ def interpolated_attention(
     )
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
     shape = (*offsets.shape[:3], offsets.shape[3] + num_global)
-    keep, keep_seed = dropout_mask(
-        keep, keep_seed, dropout_p=dropout_p, training=training, fused=implementation == "triton",
-        materialise=lambda seed: grid_keep(seed, shape, dropout_p), device=q.device,
+    keep, keep_seed, seed = call_dropout(
+        keep, keep_seed, global_seed, global_rows=global_rows, dropout_p=dropout_p, training=training,
+        fused=implementation == "triton", materialise=lambda seed: grid_keep(seed, shape, dropout_p), device=q.device,
     )  # fmt: skip
     kwargs = {
         "point_logits": point_logits,
@@ -370,7 +370,7 @@ def interpolated_attention(
         "scale": scale,
         "keep": keep,
         "dropout_p": dropout_p,
-        "global_seed": global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None,
+        "global_seed": seed,
     }
     if implementation == "triton":
         return _triton_kernels().interpolated_attention_triton(q, k, v, offsets, keep_seed=keep_seed, **kwargs)
@@ -460,11 +460,11 @@ def edge_attention(
     implementation = resolve_backend(backend, q.device, q.dtype, k.dtype, v.dtype)
     # The kernels hash each edge's position in the list they read: the caller's, when it is sorted; otherwise the
     # mask of the caller's order (padding included) is made first and sorted with the edges.
-    keep, hashed = dropout_mask(
-        keep, keep_seed, dropout_p=dropout_p, training=training, fused=implementation == "triton" and sorted_rows,
+    keep, hashed, seed = call_dropout(
+        keep, keep_seed, global_seed, global_rows=global_rows, dropout_p=dropout_p, training=training,
+        fused=implementation == "triton" and sorted_rows,
         materialise=lambda seed: position_keep(seed, rows.shape[0], dropout_p), device=q.device, generator=generator,
     )  # fmt: skip
-    seed = global_rows_seed(dropout_p, training, global_seed, q.device, generator) if global_rows else None
     if implementation == "triton":
         return _triton_kernels().edge_attention_triton(
             q, k, v, rows, cols, logit_bias=logit_bias, edge_weight=edge_weight, scale=scale, keep=keep,
@@ -646,9 +646,10 @@ def key_slot_attention(
     if given and keep_seed is not None:
         raise ValueError("a dropout mask comes as keep or as keep_seed, not both")
     # Both masks hashed from one seed (the Triton kernels regenerate them), unless the caller gave one of them.
-    full, keep_seed = dropout_mask(
-        None, keep_seed, dropout_p=dropout_p, training=training, fused=implementation == "triton" and not given,
-        materialise=lambda seed: grid_keep(seed, shape, dropout_p), device=q.device,
+    full, keep_seed, seed = call_dropout(
+        None, keep_seed, global_seed, global_rows=global_rows, dropout_p=dropout_p, training=training,
+        fused=implementation == "triton" and not given, materialise=lambda seed: grid_keep(seed, shape, dropout_p),
+        device=q.device,
     )  # fmt: skip
     if full is not None:
         slot_keep = full[..., :slots] if slot_keep is None else slot_keep
@@ -667,7 +668,7 @@ def key_slot_attention(
         "global_keep": global_keep,
         "dropout_p": dropout_p,
         "global_rows": global_rows,
-        "global_seed": global_rows_seed(dropout_p, training, global_seed, q.device) if global_rows else None,
+        "global_seed": seed,
     }
     if implementation == "triton":
         return _triton_kernels().key_slot_attention_triton(q, k, v, query, mean, keep_seed=keep_seed, **kwargs)

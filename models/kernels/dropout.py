@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .hashing import seed_or_draw
+from .hashing import draw_seeds, seed_or_draw
 
 
 def dropout_mask(
@@ -48,6 +48,34 @@ def dropout_mask(
         return None, None
     seed = seed_or_draw(keep_seed, "keep_seed", device, generator)
     return (None, seed) if fused else (materialise(seed), None)
+
+
+def call_dropout(
+    keep: Tensor | None,
+    keep_seed: Tensor | None,
+    global_seed: Tensor | None,
+    *,
+    global_rows: int,
+    dropout_p: float,
+    training: bool,
+    fused: bool,
+    materialise: Callable[[Tensor], Tensor],
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The dropout of one primitive call with `global_rows` global queries' rows (`kernels.global_rows`):
+    [`dropout_mask`]'s `(keep, keep_seed)`, then the hash seed `()` int64 of the rows' mask (`global_seed`, or drawn
+    from `generator` or the default one; `None` without rows or without dropout). When both seeds are to be drawn,
+    they come from one draw: a kernel launch less per layer."""
+    rows_dropout = training and dropout_p > 0.0 and bool(global_rows)
+    if rows_dropout and keep is None and keep_seed is None and global_seed is None:
+        keep_seed, global_seed = draw_seeds(2, device, generator)
+    keep, keep_seed = dropout_mask(
+        keep, keep_seed, dropout_p=dropout_p, training=training, fused=fused, materialise=materialise, device=device,
+        generator=generator,
+    )  # fmt: skip
+    rows_seed = seed_or_draw(global_seed, "global_seed", device, generator) if rows_dropout else None
+    return keep, keep_seed, rows_seed
 
 
 def keep_multiplier(keep: Tensor, dropout_p: float, dtype: torch.dtype) -> Tensor:

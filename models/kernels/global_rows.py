@@ -7,8 +7,8 @@ takes `global_rows` does this itself, so that its Triton kernels can compute the
 method's output with the functions here.
 
 In training with attention dropout the rows' mask is the counter hash of a seed per call and of the row's position
-([`global_rows_seed`], `dense.global_rows_keep`): the kernels regenerate it in forward and backward instead of
-storing it, and the torch rows draw the same one from the same seed.
+(`kernels.dropout.call_dropout`, `dense.global_rows_keep`): the kernels regenerate it in forward and backward instead
+of storing it, and the torch rows draw the same one from the same seed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from .dense import global_query_rows, splice_rows
-from .hashing import seed_or_draw
 
 
 def check_global_rows(q: Tensor, k: Tensor, global_rows: int, key_valid: Tensor | None) -> None:
@@ -37,24 +36,9 @@ def check_global_rows(q: Tensor, k: Tensor, global_rows: int, key_valid: Tensor 
         raise ValueError(f"key_valid must be bool of shape {expected}, got {key_valid.dtype} {tuple(key_valid.shape)}")
 
 
-def global_rows_seed(
-    dropout_p: float,
-    training: bool,
-    seed: Tensor | None,
-    device: torch.device,
-    generator: torch.Generator | None = None,
-) -> Tensor | None:
-    """The hash seed `()` int64 of the global rows' dropout mask: `None` without dropout (eval, `dropout_p = 0`),
-    else `seed`, or a fresh draw (on `device`, from `generator` or the default one: no host sync) when it is `None`.
-    A primitive takes it once, so that whichever implementation runs draws the same mask."""
-    if not (training and dropout_p > 0.0):
-        return None
-    return seed_or_draw(seed, "global_seed", device, generator)
-
-
 def row_settings(scale: float | None, dropout_p: float, seed: Tensor | None) -> dict:
-    """The keywords of [`replace_global_rows`] for rows whose dropout is `seed`'s ([`global_rows_seed`]: `None`
-    without dropout)."""
+    """The keywords of [`replace_global_rows`] for rows whose dropout is `seed`'s (`kernels.dropout.call_dropout`:
+    `None` without dropout)."""
     dropout = seed is not None and dropout_p > 0.0
     return {"scale": scale, "dropout_p": dropout_p if dropout else 0.0, "training": dropout, "seed": seed}
 
@@ -75,7 +59,7 @@ def replace_global_rows(
     """`out` `(B, H, N, d)` with the rows of the real global queries (the first `g`) replaced by dense masked
     attention over every real key: `ZooAttention.with_global_rows` (`core.global_tokens`) as part of the primitive,
     so that a fused implementation can compute those rows in its own kernels. `seed`: their dropout mask's
-    ([`global_rows_seed`])."""
+    (`kernels.dropout.call_dropout`)."""
     rows, _ = global_query_rows(
         q, k, v, key_valid, num_global, scale=scale, dropout_p=dropout_p, training=training, return_weights=False,
         seed=seed,

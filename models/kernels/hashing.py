@@ -123,3 +123,8 @@ def seed_or_draw(
 def draw_seed(device: torch.device, generator: torch.Generator | None = None) -> Tensor:
     """A fresh hash seed `()` int64 on `device` from the (default) generator: one op, no host sync."""
     return torch.randint(1 << 62, (), device=device, dtype=torch.int64, generator=generator)
+
+
+def draw_seeds(count: int, device: torch.device, generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
+    """`count` fresh hash seeds, `()` int64 each, from one draw (one op; the seeds are views of it)."""
+    return torch.randint(1 << 62, (count,), device=device, dtype=torch.int64, generator=generator).unbind()

@@ -120,15 +120,35 @@ def test_position_keep_is_the_hash_at_head_0_row_0_and_keeps_1_minus_p():
 
 
 def test_a_seed_that_is_not_a_0d_int64_tensor_is_refused_by_name():
-    from attnzoo.kernels.dropout import dropout_mask
-    from attnzoo.kernels.global_rows import global_rows_seed
+    from attnzoo.kernels.dropout import call_dropout, dropout_mask
 
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="keep_seed must be a \\(\\) int64 tensor"):
         dropout_mask(
             None, torch.tensor([1]), dropout_p=0.1, training=True, fused=True, materialise=lambda s: s, device=cpu
         )
+    settings = {"dropout_p": 0.1, "fused": True, "materialise": lambda s: s, "device": cpu}
     with pytest.raises(ValueError, match="global_seed must be a \\(\\) int64 tensor"):
-        global_rows_seed(0.1, True, torch.tensor(1, dtype=torch.int32), cpu)
+        call_dropout(None, None, torch.tensor(1, dtype=torch.int32), global_rows=1, training=True, **settings)
     # without dropout no seed is drawn or checked
-    assert global_rows_seed(0.1, False, None, cpu) is None
+    assert call_dropout(None, None, None, global_rows=1, training=False, **settings) == (None, None, None)
+
+
+def test_a_call_with_global_rows_draws_both_seeds_at_once():
+    """The slots' and the rows' seeds come from one draw (one op per layer), and differ; a seed the caller gives is
+    kept and only the other is drawn."""
+    from attnzoo.kernels.dropout import call_dropout
+
+    settings = {"dropout_p": 0.1, "training": True, "fused": True, "materialise": lambda s: s}
+    cpu = torch.device("cpu")
+    _, keep_seed, rows_seed = call_dropout(
+        None, None, None, global_rows=2, device=cpu, generator=torch.Generator().manual_seed(3), **settings
+    )
+    expected = torch.randint(1 << 62, (2,), dtype=torch.int64, generator=torch.Generator().manual_seed(3))
+    assert keep_seed.shape == rows_seed.shape == () and keep_seed.dtype == rows_seed.dtype == torch.int64
+    assert torch.equal(torch.stack([keep_seed, rows_seed]), expected) and keep_seed != rows_seed
+    given = torch.tensor(7)
+    _, keep_seed, rows_seed = call_dropout(None, given, None, global_rows=1, device=cpu, **settings)
+    assert keep_seed is given and rows_seed is not None and rows_seed != given
+    _, keep_seed, rows_seed = call_dropout(None, None, None, global_rows=0, device=cpu, **settings)
+    assert keep_seed is not None and rows_seed is None
