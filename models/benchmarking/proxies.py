@@ -54,7 +54,13 @@ from torch import nn
 
 from ..core.attention import ZooAttention
 from ..kernels import dispatch
-from .recorder import OpRecorder, stubbed_flex_attention, stubbed_triton_launches, triton_interpreted
+from .recorder import (
+    OpRecorder,
+    sdpa_dropout_as_on_cuda,
+    stubbed_flex_attention,
+    stubbed_triton_launches,
+    triton_interpreted,
+)
 from .rows import BenchModel, benchmark_models, make_inputs
 from .settings import ModelSize
 from .workload import hidden_loss
@@ -170,6 +176,7 @@ def cuda_code_path(
     with contextlib.ExitStack() as stack:
         stack.enter_context(stubbed_triton_launches(recorder))
         stack.enter_context(stubbed_flex_attention(recorder))
+        stack.enter_context(sdpa_dropout_as_on_cuda())
         stack.enter_context(_flex_choice_as_on_cuda(backend))
         stack.enter_context(_cpu_only_checks_unrecorded(recorder))
         if family in CUDA_BRANCHES:
@@ -375,8 +382,11 @@ def measure_layer_proxies(
     inputs = make_inputs(row, size, 1, length, device, seed)
     apart = apart_modules(model)
     layer = first_layer(model)
-    _record(model, inputs, "fwd", apart, row.family, seed, backend)  # warm-up: lazily built patterns and caches
-    # (measured: with it, a second forward+backward counts what the first one did)
+    # Warm-up of each mode's path (their lazily built patterns and caches; a family may take another path in
+    # training, as the Sparse Transformer with attention dropout): measured, with it a second forward+backward counts
+    # what the first one did.
+    _record(model, inputs, "fwd", apart, row.family, seed, backend)
+    _record(model, inputs, "fwd_bwd", apart, row.family, seed, backend)
     fwd = _record(model, inputs, "fwd", apart, row.family, seed, backend)
     fwd_bwd = _record(model, inputs, "fwd_bwd", {**apart, "layer": layer}, row.family, seed, backend)
     result = LayerProxies(

@@ -339,6 +339,30 @@ def stubbed_flex_attention(recorder: OpRecorder) -> Iterator[None]:
         flex.flex_attention = original
 
 
+@contextlib.contextmanager
+def sdpa_dropout_as_on_cuda() -> Iterator[None]:
+    """Within the block, `F.scaled_dot_product_attention` with attention dropout runs without it, so that its ops
+    and saved tensors are those of CUDA's call. On CUDA its flash and memory-efficient kernels drop inside the same
+    launch (forward and backward regenerate the mask from a Philox seed, which is all they keep), while the CPU
+    takes the math path for it (materialised scores, a `bernoulli_` mask, batched matmuls: about 20 ops and an
+    `N x N` softmax saved per call). The outputs differ (nothing is dropped): the proxies count, they do not compare
+    values. The dense baseline is counted without dropout for the same reason."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+
+    def without_dropout(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if len(args) > 4:  # (query, key, value, attn_mask, dropout_p, ...)
+            args = (*args[:4], 0.0, *args[5:])
+        return original(*args, **{**kwargs, "dropout_p": 0.0} if "dropout_p" in kwargs else kwargs)
+
+    F.scaled_dot_product_attention = without_dropout
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
 class _StubbedFlexAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, recorder: OpRecorder, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):

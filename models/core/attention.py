@@ -251,7 +251,7 @@ class ZooAttention(nn.Module):
     def global_rows_seed(self, device: torch.device) -> torch.Tensor | None:
         """The hash seed of the global rows' dropout mask where [`with_global_rows`] computes them: on the reference
         backend in training with dropout, the kernels' truth, so that it drops what a kernel computing the rows would
-        (`kernels.dense.global_rows_keep`); elsewhere `None` (`F.dropout`, cheaper than materialising the hash)."""
+        (`kernels.dense.global_rows_keep`); elsewhere `None` (`F.dropout` of the returned weights)."""
         if not (self.training and self.dropout > 0.0) or self.config.attention_backend != "reference":
             return None
         return draw_seed(device)
@@ -263,10 +263,11 @@ class ZooAttention(nn.Module):
 
         The method itself adds the global keys to every query's key set (in `attend`, through `core.global_tokens`).
         The rows come from [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op and its
-        backward, no materialised fp32 softmax) and are spliced in when the heads merge ([`finish`]). With returned
-        weights, or attention dropout in training (on the reference backend the counter hash's mask that the kernels
-        computing these rows themselves regenerate, [`global_rows_seed`]), the materialised rows are spliced here
-        instead. They read `out.inputs` in place of `q`, `k`, `v` when the method set it.
+        backward, no materialised fp32 softmax, attention dropout in the same kernel on CUDA) and are spliced in when
+        the heads merge ([`finish`]). With returned weights, or attention dropout in training on the reference backend
+        (the counter hash's mask that the kernels computing these rows themselves regenerate, [`global_rows_seed`]),
+        the materialised rows are spliced here instead. They read `out.inputs` in place of `q`, `k`, `v` when the
+        method set it.
         """
         if out.inputs is not None:
             q, k, v = out.inputs  # the same values, in the layout the method's kernel keeps
@@ -274,9 +275,13 @@ class ZooAttention(nn.Module):
         g = self.global_positions(k.shape[2])
         if g == 0 or out.global_rows_done:
             return out
-        if out.attn_weights is None and not (self.training and self.dropout > 0.0):
+        hashed = self.training and self.dropout > 0.0 and self.config.attention_backend == "reference"
+        if out.attn_weights is None and not hashed:
             mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
-            rows = dense_attention(q[:, :, :g], k, v, mask, scale=self.scaling, backend=self.config.attention_backend)
+            rows = dense_attention(
+                q[:, :, :g], k, v, mask, scale=self.scaling, dropout_p=self.dropout, training=self.training,
+                backend=self.config.attention_backend,
+            )  # fmt: skip
             head = rows.to(out.hidden_states.dtype)  # (B, H, g, d)
             if key_valid is not None:
                 # A global position that is padding is no global query: its row stays the method's.
