@@ -321,16 +321,22 @@ def stubbed_flex_attention(recorder: OpRecorder) -> Iterator[None]:
     """Within the block, attnzoo's FlexAttention call on CPU tensors (`flex_attention` in `attnzoo.kernels.flex`,
     which [`~attnzoo.kernels.flex.flex_block_attention`] calls off CUDA) is a stand-in of the compiled kernels: no
     program runs, the launches of the forward and of the backward ([`FLEX_FORWARD_LAUNCHES`],
-    [`FLEX_BACKWARD_LAUNCHES`]) are counted in `recorder`'s current scope, the output and the gradients are zeros of
-    the right shape and dtype, and autograd keeps what torch's FlexAttention autograd saves: q, k, v, the output and
-    the fp32 log-sum-exp and row maxima (`(B, H, N)` each). The BlockMask's tile tensors, which torch saves too, are
-    the family's cached constants and cost no memory per step: they are not saved here."""
+    [`FLEX_BACKWARD_LAUNCHES`]) are counted in `recorder`'s current scope, the output (and with `return_aux` the
+    log-sum-exp) and the gradients are zeros of the right shape and dtype, and autograd keeps what torch's
+    FlexAttention autograd saves: q, k, v, the output and the fp32 log-sum-exp and row maxima (`(B, H, N)` each).
+    The BlockMask's tile tensors, which torch saves too, are the family's cached constants and cost no memory per
+    step: they are not saved here."""
+    from torch.nn.attention.flex_attention import AuxOutput
+
     from ..kernels import flex
 
     original = flex.flex_attention
 
-    def stub(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return _StubbedFlexAttention.apply(recorder, query, key, value)
+    def stub(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        out, logsumexp = _StubbedFlexAttention.apply(recorder, query, key, value)
+        return out if kwargs.get("return_aux") is None else (out, AuxOutput(lse=logsumexp))
 
     flex.flex_attention = stub
     try:
@@ -377,10 +383,11 @@ class _StubbedFlexAttention(torch.autograd.Function):
             row_max = torch.zeros_like(logsumexp)
         ctx.recorder = recorder
         ctx.save_for_backward(query, key, value, out, logsumexp, row_max)
-        return out
+        ctx.set_materialize_grads(False)  # no zeros made for an unused log-sum-exp's gradient (no op to count)
+        return out, logsumexp
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor):
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_logsumexp: torch.Tensor):
         recorder = ctx.recorder
         recorder.counts(recorder.stack[-1]).launches.update(FLEX_BACKWARD_LAUNCHES)
         query, key, value = ctx.saved_tensors[:3]

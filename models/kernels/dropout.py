@@ -17,39 +17,6 @@ from torch import Tensor
 from .hashing import draw_seeds, seed_or_draw
 
 
-def dropout_mask(
-    keep: Tensor | None,
-    keep_seed: Tensor | None,
-    *,
-    dropout_p: float,
-    training: bool,
-    fused: bool,
-    materialise: Callable[[Tensor], Tensor],
-    device: torch.device,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor | None, Tensor | None]:
-    """The dropout of one primitive call: `(keep, keep_seed)` for the implementation that runs.
-
-    Args:
-        keep (`torch.BoolTensor`, *optional*): an explicit mask from the caller: used as given.
-        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the seed of the hashed mask (drawn from `generator`
-            or the default one when `None`, in training with dropout).
-        fused (`bool`): the implementation regenerates the hashed mask itself (the Triton kernels): it gets the seed;
-            the others get the mask, from `materialise(seed)`.
-
-    Returns:
-        `(keep, None)`, `(None, keep_seed)` or `(None, None)` (no dropout).
-    """
-    if keep is not None:
-        if keep_seed is not None:
-            raise ValueError("a dropout mask comes as keep or as keep_seed, not both")
-        return keep, None
-    if not (training and dropout_p > 0.0):
-        return None, None
-    seed = seed_or_draw(keep_seed, "keep_seed", device, generator)
-    return (None, seed) if fused else (materialise(seed), None)
-
-
 def call_dropout(
     keep: Tensor | None,
     keep_seed: Tensor | None,
@@ -63,19 +30,33 @@ def call_dropout(
     device: torch.device,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    """The dropout of one primitive call with `global_rows` global queries' rows (`kernels.global_rows`):
-    [`dropout_mask`]'s `(keep, keep_seed)`, then the hash seed `()` int64 of the rows' mask (`global_seed`, or drawn
-    from `generator` or the default one; `None` without rows or without dropout). When both seeds are to be drawn,
-    they come from one draw: a kernel launch less per layer."""
-    rows_dropout = training and dropout_p > 0.0 and bool(global_rows)
-    if rows_dropout and keep is None and keep_seed is None and global_seed is None:
+    """The dropout of one primitive call, for the implementation that runs: `(keep, keep_seed, rows_seed)`.
+
+    Args:
+        keep (`torch.BoolTensor`, *optional*): an explicit mask from the caller: used as given.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the seed of the hashed mask (drawn from `generator`
+            or the default one when `None`, in training with dropout).
+        global_seed (`torch.LongTensor` of shape `()`, *optional*): the seed of the global queries' rows' mask
+            (`kernels.global_rows`; drawn likewise when `None`).
+        global_rows (`int`): how many global rows the primitive computes (0: none, no seed for them).
+        fused (`bool`): the implementation regenerates the hashed mask itself (the Triton kernels): it gets the seed;
+            the others get the mask, from `materialise(seed)`.
+
+    Returns:
+        `(keep, None)`, `(None, keep_seed)` or `(None, None)` (no dropout), then the rows' seed (`None` without rows
+        or without dropout). When both seeds are drawn, they come from one draw: a kernel launch less per layer.
+    """
+    if keep is not None and keep_seed is not None:
+        raise ValueError("a dropout mask comes as keep or as keep_seed, not both")
+    if not (training and dropout_p > 0.0):
+        return keep, None, None
+    if global_rows and keep is None and keep_seed is None and global_seed is None:
         keep_seed, global_seed = draw_seeds(2, device, generator)
-    keep, keep_seed = dropout_mask(
-        keep, keep_seed, dropout_p=dropout_p, training=training, fused=fused, materialise=materialise, device=device,
-        generator=generator,
-    )  # fmt: skip
-    rows_seed = seed_or_draw(global_seed, "global_seed", device, generator) if rows_dropout else None
-    return keep, keep_seed, rows_seed
+    rows_seed = seed_or_draw(global_seed, "global_seed", device, generator) if global_rows else None
+    if keep is not None:
+        return keep, None, rows_seed
+    seed = seed_or_draw(keep_seed, "keep_seed", device, generator)
+    return (None, seed, rows_seed) if fused else (materialise(seed), None, rows_seed)
 
 
 def keep_multiplier(keep: Tensor, dropout_p: float, dtype: torch.dtype) -> Tensor:

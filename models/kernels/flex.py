@@ -15,22 +15,29 @@ backward, saving nothing but q, k, v, the output and the log-sum-exp (as SDPA's 
   the inverse table, not an atomic scatter), for patterns that are block-sparse only in another order.
 
 Only the API that torch 2.11 and 2.13 share is used: `BlockMask.from_kv_blocks` with `BLOCK_SIZE`, `mask_mod` and
-`seq_lengths`, and `flex_attention(q, k, v, block_mask=..., scale=...)`.
+`seq_lengths`, and `flex_attention(q, k, v, score_mod=..., block_mask=..., scale=..., return_aux=...)` with
+`AuxRequest(lse=True)`.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import math
 import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
+from torch.utils.checkpoint import checkpoint
+
+from .hashing import keep_decisions, keep_threshold
 
 #: `mask_mod(b, h, q_idx, kv_idx) -> bool tensor`: whether query `q_idx` of head `h` attends to key `kv_idx`.
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+#: `score_mod(score, b, h, q_idx, kv_idx) -> score`: the logit FlexAttention uses for a pair.
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def _ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:
@@ -88,31 +95,99 @@ def with_mask_mod(block_mask: BlockMask, mask_mod: MaskMod) -> BlockMask:
     return out
 
 
+def _attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float) -> Tensor:
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+
+
+def _kept_attention(
+    q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float, score_mod: ScoreMod
+) -> tuple[Tensor, Tensor]:
+    lse = AuxRequest(lse=True)
+    out, aux = flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, return_aux=lse)
+    return out, aux.lse
+
+
+def _log_sum_exp(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, scale: float) -> Tensor:
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))[1].lse
+
+
 @functools.cache
-def _compiled_flex_attention() -> Callable[..., Tensor]:
+def _compiled(call: Callable) -> Callable:
     # FlexAttention is a fused kernel only when compiled; eagerly it materialises every score. Compiled with
     # dynamo's automatic dynamic shapes: a second sequence length recompiles once for all lengths, where static
-    # shapes would recompile per length until dynamo's limit and then run eagerly.
-    return torch.compile(flex_attention)
+    # shapes would recompile per length until dynamo's limit and then run eagerly. Each of the three calls is its own
+    # function, so that each has its own cache (and recompile limit) rather than sharing FlexAttention's.
+    return torch.compile(call)
 
 
-def flex_block_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, *, scale: float) -> Tensor:
+def _flex_call(call: Callable, *args) -> Tensor | tuple[Tensor, Tensor]:
+    """`call(q, k, v, ...)` ([`_attention`], [`_kept_attention`], [`_log_sum_exp`]): compiled on CUDA; elsewhere
+    torch's eager FlexAttention (materialised scores, forward only), which the CPU tests use."""
+    if args[0].device.type == "cuda":
+        return _compiled(call)(*args)
+    with warnings.catch_warnings():
+        # Off CUDA this path only serves the CPU checks; torch's note that it is unfused is expected here.
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return call(*args)
+
+
+def dropout_score_mod(keep_seed: Tensor, num_heads: int, dropout_p: float) -> ScoreMod:
+    """`score_mod(score, b, h, q, kv)` that gives `-inf` to the entries attention dropout drops: the counter hash of
+    `(keep_seed, b * num_heads + h, q, kv)` ([`~attnzoo.kernels.hashing.keep_decisions`]); compiled into
+    FlexAttention's kernel on CUDA, where nothing is stored for it."""
+    threshold = keep_threshold(dropout_p)
+
+    def kept_scores(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return torch.where(keep_decisions(keep_seed, b * num_heads + h, q_idx, kv_idx, threshold), score, -math.inf)
+
+    return kept_scores
+
+
+def flex_block_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    block_mask: BlockMask,
+    *,
+    scale: float,
+    dropout_p: float = 0.0,
+    keep_seed: Tensor | None = None,
+) -> Tensor:
     """Softmax attention over the pairs of `block_mask` (rows without any pair output zeros).
+
+    With `keep_seed`, attention dropout: entry `(b, h, i, j)` of the probabilities is dropped, and the others scaled
+    by `1 / (1 - dropout_p)`, by the counter hash of `(keep_seed, b * H + h, i, j)`
+    (`kernels.hashing.keep_decisions`, the decisions of `hashed_keep`). FlexAttention has no dropout (a `score_mod`
+    acts before the softmax, dropout after it), so it takes two calls: the softmax over the kept entries (a
+    `score_mod` gives the dropped ones `-inf`) and the log-sum-exp over all of them; the kept entries' output scaled
+    by their share of the full normaliser, `exp(lse_kept - lse_all) / (1 - p)`, is the dropped-out attention. Both
+    calls are fused kernels (no mask stored: the hash is recomputed in backward), and autograd differentiates through
+    the two log-sum-exps.
 
     Args:
         q, k, v (`torch.Tensor` of shape `(B, H, N, d)`): queries, keys and values of one dtype.
         block_mask (`BlockMask`): the tiles and the pair rule (batch dimension 1 or `B`, `H` heads).
         scale (`float`): logit scale.
+        dropout_p (`float`, *optional*, defaults to 0.0): the dropout probability, with `keep_seed`.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the dropout mask (`None`: no
+            dropout).
 
     Returns:
         `torch.Tensor` of shape `(B, H, N, d)`.
     """
-    if q.device.type == "cuda":
-        return _compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=scale)
-    with warnings.catch_warnings():
-        # Off CUDA this path only serves the forward checks; torch's note that it is unfused is expected here.
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    if keep_seed is None or dropout_p == 0.0:
+        return _flex_call(_attention, q, k, v, block_mask, scale)
+    if dropout_p >= 1.0:
+        return _flex_call(_attention, q, k, v, block_mask, scale) * 0.0  # everything dropped, as F.dropout gives
+    kept_scores = dropout_score_mod(keep_seed, q.shape[1], dropout_p)
+    out, kept_lse = _flex_call(_kept_attention, q, k, v, block_mask, scale, kept_scores)  # lse: (B, H, N) fp32
+    # Only the second call's log-sum-exp is used, but its backward needs its output: recomputed there rather than
+    # kept (one more forward of the kernel per step, for dense attention's memory).
+    all_lse = checkpoint(_flex_call, _log_sum_exp, q, k, v, block_mask, scale, use_reentrant=False)
+    # A row without any pair has both log-sum-exps -inf: the clamp keeps its factor 0 (and its gradients finite).
+    shift = all_lse.clamp_min(torch.finfo(all_lse.dtype).min).add_(math.log1p(-dropout_p))  # lse_all + log(1 - p)
+    factor = (kept_lse - shift).exp_()  # (B, H, N): the kept share of the row's weight, over 1 - p
+    return out * factor.unsqueeze(-1).to(out.dtype)
 
 
 class PositionPermutation:

@@ -16,21 +16,37 @@ _GOLDEN = -0x61C8864680B583EB
 _LOW33 = (1 << 33) - 1
 _LOW35 = (1 << 35) - 1
 _LOW32 = (1 << 32) - 1
+#: uniforms of [`counter_uniform`] are multiples of this (24 bits)
+_UNIFORM_BITS = 24
 #: pairs per head in one CPU block of `counter_uniform` (2 MB of int64 state for 4 heads: cache-resident)
 _CPU_BLOCK_PAIRS = 1 << 16
 
 
-def mix_bits_(x: Tensor, scratch: Tensor) -> Tensor:
-    """The counter hash's three xor-shift-multiply rounds, in place on an int64 state (`scratch`: same shape).
+#: The finaliser's rounds: `x ^= x >>> shift; x *= mix` (`>>>`: the arithmetic `>>` masked to the `low` bits a
+#: logical shift keeps).
+_ROUNDS = ((31, _LOW33, _MIX1), (29, _LOW35, _MIX2), (32, _LOW32, None))
 
-    Shifts are logical: the arithmetic `>>` masked to the bits a logical shift keeps.
-    """
-    for shift, low, mix in ((31, _LOW33, _MIX1), (29, _LOW35, _MIX2), (32, _LOW32, None)):
+
+def mix_bits_(x: Tensor, scratch: Tensor) -> Tensor:
+    """The counter hash's three xor-shift-multiply rounds, in place on an int64 state (`scratch`: same shape)."""
+    for shift, low, mix in _ROUNDS:
         torch.bitwise_right_shift(x, shift, out=scratch)
         x.bitwise_xor_(scratch.bitwise_and_(low))
         if mix is not None:
             x.mul_(mix)
     return x
+
+
+def keep_decisions(seed: Tensor, head: Tensor, row: Tensor, col: Tensor, threshold: int) -> Tensor:
+    """[`hashed_keep`]'s decisions at flat head `head`, query `row` and key `col` (integer tensors, broadcast
+    together) against `threshold` ([`keep_threshold`]), computed out of place: the form a traced function takes
+    (FlexAttention's `score_mod`, compiled into its kernel on CUDA), with the same bits as the in-place hash."""
+    x = seed + (head.to(torch.int64) + 1) * _GOLDEN + row.to(torch.int64) * _MIX1 + col.to(torch.int64) * _MIX2
+    for shift, low, mix in _ROUNDS:
+        x = x ^ ((x >> shift) & low)
+        if mix is not None:
+            x = x * mix
+    return ((x >> 40) & ((1 << _UNIFORM_BITS) - 1)) >= threshold
 
 
 def counter_uniform(seed: int | Tensor, num_heads: int, rows: Tensor, cols: Tensor) -> Tensor:
@@ -71,10 +87,6 @@ def counter_uniform(seed: int | Tensor, num_heads: int, rows: Tensor, cols: Tens
         x.bitwise_right_shift_(40).bitwise_and_((1 << 24) - 1)
         out[:, start : start + step].copy_(x).mul_(1.0 / (1 << 24))
     return out
-
-
-#: uniforms of [`counter_uniform`] are multiples of this (24 bits)
-_UNIFORM_BITS = 24
 
 
 def keep_threshold(dropout_p: float) -> int:

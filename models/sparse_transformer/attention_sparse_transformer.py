@@ -5,10 +5,11 @@ for any query/key positions (the reference path, incremental decoding and FlexAt
 :func:`merged_pattern_edges` lists the deduplicated (query, key) pairs of a merged pattern for one length (cached).
 The compute step never builds an `N x N` mask. Its fast paths:
 
-- **FlexAttention** (`attention_backend="fast"` on CUDA, the kernel dispatch's choice, without attention dropout in
-  training): the whole layer in one call over a cached, closed-form `BlockMask`, residue heads permuted to
-  class-major order, global rows and columns and padding in the mask (see [`flex_pattern`]). Every pattern but the
-  merged strided heads.
+- **FlexAttention** (`attention_backend="fast"` on CUDA, the kernel dispatch's choice): the whole layer in one call
+  over a cached, closed-form `BlockMask`, residue heads permuted to class-major order, global rows and columns and
+  padding in the mask (see [`flex_pattern`]); in training with attention dropout two calls, the kept entries'
+  softmax rescaled by their share of the full normaliser (`attnzoo.kernels.flex.flex_block_attention`). Every
+  pattern but the merged strided heads.
 - **reshapes and the edge kernel** (elsewhere, and for what FlexAttention does not take):
   - split / interleaved heads: every sub-pattern is a reshape of the sequence followed by SDPA (local window = blocks
     of `l` queries against their `3l` (causal: `2l`) neighbouring keys; same residue = the transposed `(l, N / l)`
@@ -46,6 +47,7 @@ from ..kernels import (
     resolve_backend,
 )
 from ..kernels.dispatch import uses_flex_attention
+from ..kernels.hashing import draw_seed
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .flex_pattern import flex_pattern_attention, takes_flex
 from .pattern import (
@@ -547,14 +549,10 @@ class SparseTransformerAttention(ZooAttention):
         return _density(self.head_kinds, length, self.spec, device)
 
     def runs_flex(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
-        """Whether the pattern of this forward runs as one FlexAttention call (the kernel dispatch's choice for the
-        backend and device; every head block-sparse in some order; no attention dropout, which FlexAttention lacks)."""
+        """Whether the pattern of this forward runs as FlexAttention (the kernel dispatch's choice for the backend and
+        device; every head block-sparse in some order)."""
         backend = self.config.attention_backend
-        return (
-            uses_flex_attention(backend, q.device, q.dtype, k.dtype, v.dtype)
-            and takes_flex(self.head_kinds)
-            and not (self.training and self.dropout > 0)
-        )
+        return uses_flex_attention(backend, q.device, q.dtype, k.dtype, v.dtype) and takes_flex(self.head_kinds)
 
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
         q_len, k_len = q.shape[2], k.shape[2]
@@ -567,7 +565,10 @@ class SparseTransformerAttention(ZooAttention):
                 mask = mask & key_valid[:, None, None, :]
             out = self.dense_reference(q, k, v, mask, output_attentions)
         elif self.runs_flex(q, k, v):
-            hidden = flex_pattern_attention(q, k, v, key_valid, self.head_kinds, self.spec, self.scaling)
+            seed = draw_seed(q.device) if self.training and self.dropout > 0.0 else None
+            hidden = flex_pattern_attention(
+                q, k, v, key_valid, self.head_kinds, self.spec, self.scaling, dropout_p=self.dropout, keep_seed=seed
+            )  # fmt: skip
             out = FlexAttentionOutput(hidden_states=hidden)
         else:
             out = AttentionOutput(hidden_states=self.fast_attention(q, k, v, key_valid))

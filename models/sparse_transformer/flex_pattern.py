@@ -250,8 +250,12 @@ def flex_pattern_attention(
     spec: PatternSpec,
     scale: float,
     block_size: tuple[int, int] = FLEX_BLOCK_SIZE,
+    *,
+    dropout_p: float = 0.0,
+    keep_seed: Tensor | None = None,
 ) -> Tensor:
-    """The layer's pattern attention, global rows included, in one FlexAttention call; `(B, H, N, d)` in and out.
+    """The layer's pattern attention, global rows included, in one FlexAttention call (two with attention dropout,
+    see [`~attnzoo.kernels.flex.flex_block_attention`]); `(B, H, N, d)` in and out.
 
     Args:
         q, k, v (`torch.Tensor` of shape `(B, H, N, d)`): queries, keys and values.
@@ -260,6 +264,10 @@ def flex_pattern_attention(
         spec ([`PatternSpec`]): the pattern.
         scale (`float`): logit scale.
         block_size (`tuple[int, int]`, *optional*): query and key tile (multiples of the kernel's tiles).
+        dropout_p (`float`, *optional*, defaults to 0.0): attention dropout, with `keep_seed`.
+        keep_seed (`torch.LongTensor` of shape `()`, *optional*): the hash seed of the dropout mask, whose decisions
+            are hashed at each head's positions in its own order (class-major for residue heads): a permutation of
+            independent decisions, so the same law.
     """
     layout = flex_pattern(head_kinds, q.shape[2], spec, q.device, block_size)
     block_mask = layout.block_mask
@@ -267,5 +275,5 @@ def flex_pattern_attention(
         block_mask = with_mask_mod(layout.padded_tiles, layout.mask_mod(key_valid))
     if layout.permutation is not None:
         q, k, v = (layout.permutation.apply(x) for x in (q, k, v))
-    out = flex_block_attention(q, k, v, block_mask, scale=scale)
+    out = flex_block_attention(q, k, v, block_mask, scale=scale, dropout_p=dropout_p, keep_seed=keep_seed)
     return out if layout.permutation is None else layout.permutation.undo(out)

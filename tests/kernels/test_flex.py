@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.attention.flex_attention as torch_flex
 from torch.nn.attention.flex_attention import create_block_mask
 
-from attnzoo.kernels import dense_masked_attention
+from attnzoo.kernels import dense_masked_attention, flex
 from attnzoo.kernels.dispatch import uses_flex_attention
 from attnzoo.kernels.flex import PositionPermutation, block_mask_from_tiles, flex_block_attention, with_mask_mod
+from attnzoo.kernels.hashing import hashed_keep
 
 
 def _band(b, h, q_idx, kv_idx):
@@ -117,3 +119,96 @@ def test_dispatch_takes_flex_for_fast_on_cuda_only():
     assert not uses_flex_attention("reference", cuda, torch.float32)
     with pytest.raises(ValueError, match="attention_backend"):
         uses_flex_attention("flash", cuda, torch.float32)
+
+
+def _dropout_case(width: int, dropout_p: float, seed: int, length: int = 100, device: str = "cpu", tile: int = 16):
+    """q, k, v (fp64, with gradients), a padded band BlockMask and its dense mask, and the hashed keep mask; the
+    last tenth of the queries attend nothing, the second example's keys from 60% on are padding."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, length, 8, dtype=torch.float64, device=device, requires_grad=True) for _ in range(3))
+    valid = torch.ones(2, length, dtype=torch.bool, device=device)
+    valid[1, length * 6 // 10 :] = False
+    silent = length * 9 // 10
+
+    def band(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= width
+
+    def padded_band(b, h, q_idx, kv_idx):
+        return band(b, h, q_idx, kv_idx) & valid[b, kv_idx] & (q_idx < silent)
+
+    tiles = create_block_mask(band, 1, 2, length, length, device=device, BLOCK_SIZE=tile)
+    positions = torch.arange(length, device=device)
+    i, j = positions[:, None], positions[None, :]
+    mask = ((i - j).abs() <= width) & valid[:, None, None, :] & (i < silent)
+    keep_seed = torch.tensor(seed, device=device)
+    keep = hashed_keep(keep_seed, 4, positions, positions, dropout_p).view(2, 2, length, length)
+    return (q, k, v), with_mask_mod(tiles, padded_band), mask, keep_seed, keep
+
+
+@pytest.mark.parametrize(("width", "dropout_p"), [(20, 0.1), (20, 0.7), (1, 0.7)])
+def test_dropout_equals_dense_attention_with_the_hashed_mask_forward_and_backward(width, dropout_p, monkeypatch):
+    """The two calls and the rescale are the dropped-out softmax: the kept entries of `hashed_keep`'s mask, scaled
+    by 1 / (1 - p), over the full normaliser; rows whose every pair is dropped (width 1 at p = 0.7: a third of the
+    rows) and rows without pairs give zeros and finite gradients."""
+    # torch refuses FlexAttention's backward on CPU before it runs its (device-independent) eager backward: lift it.
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda *args: None)
+    (q, k, v), block_mask, mask, keep_seed, keep = _dropout_case(width, dropout_p, seed=987654321)
+    out = flex_block_attention(q, k, v, block_mask, scale=0.3, dropout_p=dropout_p, keep_seed=keep_seed)
+    expected, _ = dense_masked_attention(q, k, v, mask, scale=0.3, dropout_p=dropout_p, training=True, keep=keep)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    for got, want in zip(grads, torch.autograd.grad(expected, (q, k, v), grad), strict=True):
+        assert got.isfinite().all()
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    all_dropped = (mask & ~keep).sum(-1).bool() & ~(mask & keep).any(-1)  # rows with pairs, every one dropped
+    assert all_dropped.any() or width > 1  # width 1 at p = 0.7 has such rows: the case is tested
+    assert not out[all_dropped].any() and not out[:, :, 90:].any()
+
+
+def test_dropout_depends_on_the_seed_and_drops_everything_at_one():
+    inputs, block_mask, mask, keep_seed, _ = _dropout_case(20, 0.1, seed=1)
+    q, k, v = (t.detach() for t in inputs)
+    with torch.no_grad():
+        one = flex_block_attention(q, k, v, block_mask, scale=0.3, dropout_p=0.1, keep_seed=keep_seed)
+        other = flex_block_attention(q, k, v, block_mask, scale=0.3, dropout_p=0.1, keep_seed=keep_seed + 1)
+        plain = flex_block_attention(q, k, v, block_mask, scale=0.3)
+        assert not torch.allclose(one, other) and not torch.allclose(one, plain)
+        assert torch.equal(
+            flex_block_attention(q, k, v, block_mask, scale=0.3, dropout_p=0.0, keep_seed=keep_seed), plain
+        )
+        assert not flex_block_attention(q, k, v, block_mask, scale=0.3, dropout_p=1.0, keep_seed=keep_seed).any()
+
+
+@pytest.mark.gpu
+def test_dropout_on_cuda_equals_the_reference_forward_and_backward():
+    """The compiled kernels with the hash in their `score_mod`, in bf16, against fp32 dense attention with the same
+    mask (rows without pairs and padding included)."""
+    (q, k, v), block_mask, mask, keep_seed, keep = _dropout_case(20, 0.1, seed=5, length=256, device="cuda", tile=128)
+    low = [t.detach().bfloat16().requires_grad_() for t in (q, k, v)]
+    high = [t.detach().float().requires_grad_() for t in low]
+    out = flex_block_attention(*low, block_mask, scale=0.3, dropout_p=0.1, keep_seed=keep_seed)
+    expected, _ = dense_masked_attention(*high, mask, scale=0.3, dropout_p=0.1, training=True, keep=keep)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+    grad = torch.randn_like(expected)
+    (out.float() * grad).sum().backward()
+    (expected * grad).sum().backward()
+    for got, want in zip(low, high, strict=True):
+        torch.testing.assert_close(got.grad.float(), want.grad, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.slow
+def test_the_compiled_dropout_score_mod_decides_as_the_eager_one():
+    """Inductor compiles the counter hash inside the `score_mod` (its CPU template: the trace CUDA's kernels are made
+    from, with another code generator, and forward only) and drops the entries the eager hash drops. About a minute
+    of compiling."""
+    inputs, block_mask, _, keep_seed, _ = _dropout_case(20, 0.3, seed=11, length=256, tile=128)
+    q, k, v = (t.detach().float() for t in inputs)
+    score_mod = flex.dropout_score_mod(keep_seed, q.shape[1], 0.3)
+    compiled = torch.compile(torch_flex.flex_attention, dynamic=False)
+    with torch.no_grad():
+        eager = torch_flex.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=0.3)
+        got = compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=0.3)
+        plain = torch_flex.flex_attention(q, k, v, block_mask=block_mask, scale=0.3)
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(eager, plain, atol=1e-3)

@@ -81,6 +81,24 @@ def test_the_kernels_dropout_decisions_equal_the_torch_ones_bit_for_bit(device, 
     assert torch.equal(out.bool(), expected)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("seed", [3, 2**62 - 1])
+def test_the_out_of_place_decisions_equal_hashed_keep_bit_for_bit(index_dtype, seed):
+    """`keep_decisions` (FlexAttention's `score_mod`, whose indices are int32 in its kernels) decides as the in-place
+    hash, also at positions whose products with the constants overflow int64."""
+    seed_tensor = torch.tensor(seed)
+    rows = torch.tensor([0, 1, 7, 4_095, 70_000, 2**31 - 1])
+    cols = torch.arange(0, 2**31 - 1, 2**25)
+    for dropout_p in (0.1, 0.5):
+        expected = hashed_keep(seed_tensor, 5, rows, cols, dropout_p)
+        heads = torch.arange(5, dtype=index_dtype)[:, None, None]
+        got = hashing.keep_decisions(
+            seed_tensor, heads, rows.to(index_dtype)[None, :, None], cols.to(index_dtype)[None, None, :],
+            keep_threshold(dropout_p),
+        )  # fmt: skip
+        assert torch.equal(got, expected)
+
+
 def test_hashed_keep_has_the_law_of_dropout():
     seed = draw_seed(torch.device("cpu"), torch.Generator().manual_seed(0))
     keep = hashed_keep(seed, 4, torch.arange(256), torch.arange(256), 0.1)  # 262,144 decisions
@@ -120,14 +138,12 @@ def test_position_keep_is_the_hash_at_head_0_row_0_and_keeps_1_minus_p():
 
 
 def test_a_seed_that_is_not_a_0d_int64_tensor_is_refused_by_name():
-    from attnzoo.kernels.dropout import call_dropout, dropout_mask
+    from attnzoo.kernels.dropout import call_dropout
 
     cpu = torch.device("cpu")
-    with pytest.raises(ValueError, match="keep_seed must be a \\(\\) int64 tensor"):
-        dropout_mask(
-            None, torch.tensor([1]), dropout_p=0.1, training=True, fused=True, materialise=lambda s: s, device=cpu
-        )
     settings = {"dropout_p": 0.1, "fused": True, "materialise": lambda s: s, "device": cpu}
+    with pytest.raises(ValueError, match="keep_seed must be a \\(\\) int64 tensor"):
+        call_dropout(None, torch.tensor([1]), None, global_rows=0, training=True, **settings)
     with pytest.raises(ValueError, match="global_seed must be a \\(\\) int64 tensor"):
         call_dropout(None, None, torch.tensor(1, dtype=torch.int32), global_rows=1, training=True, **settings)
     # without dropout no seed is drawn or checked

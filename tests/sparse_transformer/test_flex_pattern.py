@@ -1,6 +1,7 @@
 """The Sparse Transformer's FlexAttention path (CUDA's fast path): the closed-form tiles against
 `create_block_mask(mask_mod)`, the class-major order, the forward against the reference for every pattern and head
-assignment (padding, global tokens), what it adds to a layer (ops, syncs), and on a GPU its backward."""
+assignment (padding, global tokens), what it adds to a layer (ops, syncs), attention dropout (the hashed mask, forward
+and backward), and on a GPU its backward."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.attention.flex_attention as torch_flex
 from torch.nn.attention.flex_attention import create_block_mask
 
 import attnzoo.sparse_transformer.attention_sparse_transformer as st_attention
 import attnzoo.sparse_transformer.flex_pattern as st_flex
 from attnzoo.benchmarking.recorder import Counts, OpRecorder, stubbed_flex_attention
+from attnzoo.kernels.hashing import keep_decisions, keep_threshold
 from attnzoo.registry import FAMILIES
 from attnzoo.sparse_transformer import SparseTransformerAttention, SparseTransformerConfig
 from attnzoo.sparse_transformer.flex_pattern import class_major_order, flex_pattern
@@ -159,15 +162,66 @@ def test_flex_forward_equals_reference(pattern, assignment, causal, layer_idx, n
             torch.testing.assert_close(flex, _attend(attention, q, k, v, valid, "reference"), rtol=1e-10, atol=1e-10)
 
 
-def test_merged_strided_heads_and_attention_dropout_keep_the_other_fast_path(flex_on_this_device):
+def test_merged_strided_heads_keep_the_other_fast_path_and_dropout_keeps_flex(flex_on_this_device):
     q = torch.randn(1, 4, 20, 8)
     merged = _attention("strided", "merged", False, 0, 1)
     assert not merged.runs_flex(q, q, q)  # a window and a residue class in one softmax: no order makes it tiles
     split = _attention("strided", "split", False, 0, 1)
     assert split.runs_flex(q, q, q)
     split.config.attention_probs_dropout_prob = split.dropout = 0.1
-    assert not split.train().runs_flex(q, q, q)  # FlexAttention has no dropout
-    assert split.eval().runs_flex(q, q, q)
+    assert split.train().runs_flex(q, q, q)  # dropout by two calls (`kernels.flex.flex_block_attention`)
+
+
+#: (device, dtype, length, hidden size, tolerance): fp64 through torch's eager FlexAttention on CPU; on CUDA the
+#: compiled kernels, with several 128-tiles and a tail, head dim 16 (Triton's smallest dot).
+DROPOUT_DEVICES = [
+    pytest.param("cpu", torch.float64, 37, 32, 1e-10, id="cpu"),
+    pytest.param("cuda", torch.float32, 300, 64, 2e-4, id="cuda", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize(("device", "dtype", "n", "hidden", "tolerance"), DROPOUT_DEVICES)
+@pytest.mark.parametrize(
+    ("pattern", "assignment", "layer_idx"), [("strided", "split", 0), ("fixed", "merged", 0), ("fixed", "split", 0)]
+)
+@pytest.mark.parametrize("num_global", [0, 3])
+def test_flex_dropout_equals_the_reference_weights_with_the_hashed_mask(
+    device, dtype, n, hidden, tolerance, pattern, assignment, layer_idx, num_global, flex_on_this_device, monkeypatch
+):
+    """In training with attention dropout the FlexAttention path drops, forward and backward, exactly the entries
+    the counter hash of its seed decides at each head's positions in its own order (class-major for residue heads),
+    global rows and columns and padding included: the reference's weights times that mask over 1 - p."""
+    torch.manual_seed(0)
+    attention = _attention(pattern, assignment, False, layer_idx, num_global, hidden_size=hidden).to(device)
+    attention.config.attention_probs_dropout_prob = attention.dropout = 0.3
+    seed, d = torch.tensor(2024, device=device), hidden // 4
+    q, k, v = (torch.randn(2, 4, n, d, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+    key_valid = torch.ones(2, n, dtype=torch.bool, device=device)
+    key_valid[1, n - 11 :] = False
+    monkeypatch.setattr(st_attention, "draw_seed", lambda device: seed)
+    # torch refuses FlexAttention's backward on CPU before it runs its (device-independent) eager backward: lift it.
+    monkeypatch.setattr(torch_flex, "_validate_device", lambda *args: None)
+    out = _attend(attention.train(), q, k, v, key_valid, "fast")
+    reference = attention.eval()
+    reference.config.attention_backend = "reference"
+    weights = reference.with_global_rows(
+        reference.attend(q, k, v, key_valid, output_attentions=True), q, k, v, key_valid
+    ).attn_weights  # (B, H, N, N), the global rows' included
+    layout = flex_pattern(attention.head_kinds, n, attention.spec, torch.device(device))
+    position = torch.arange(n, device=device).expand(4, n)  # (H, N): each token's position in its head's order
+    if layout.permutation is not None:
+        position = layout.permutation.inverse
+    flat_head = (torch.arange(2, device=device)[:, None] * 4 + torch.arange(4, device=device))[..., None, None]
+    keep = keep_decisions(
+        seed, flat_head, position[None, :, :, None], position[None, :, None, :], keep_threshold(0.3)
+    )  # (B, H, N, N)
+    expected = (weights * keep / 0.7) @ v
+    torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
+    grad = torch.randn_like(out)
+    for got, want in zip(
+        torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad), strict=True
+    ):
+        torch.testing.assert_close(got, want, rtol=10 * tolerance, atol=tolerance)
 
 
 def test_cached_pattern_tensors_serve_training_after_inference_mode():
