@@ -338,6 +338,38 @@ def test_flex_layer_under_bf16_autocast_runs_without_device_syncs():
     torch.testing.assert_close(out.float(), reference.float(), rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.gpu
+def test_flex_dropout_layer_runs_without_syncs_and_compiles_whole(monkeypatch):
+    """Training with attention dropout under bf16 autocast: the two FlexAttention calls and the rescale wait for the
+    device nowhere, and the layer compiled whole (dynamo through the checkpointed second call) gives the eager
+    layer's output and input gradient for the same seed."""
+    torch.manual_seed(0)
+    attention = _attention("strided", "split", False, 0, 1, hidden_size=64).cuda().train()
+    attention.config.attention_probs_dropout_prob = attention.dropout = 0.1
+    seed = torch.tensor(7, device="cuda")
+    monkeypatch.setattr(st_attention, "draw_seed", lambda device: seed)
+    hidden = torch.randn(2, 512, 64, device="cuda", requires_grad=True)
+    key_valid = torch.ones(2, 512, dtype=torch.bool, device="cuda")
+    key_valid[1, 400:] = False
+
+    def step(layer) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = layer(hidden, key_valid).hidden_states.float()
+        out.pow(2).mean().backward()
+        return out.detach(), hidden.grad.clone()
+
+    step(attention)  # warm-up: compiles the kernels (autotuning waits for the device), fills the caches
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = step(attention)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for got, want in zip(step(torch.compile(attention)), eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
+
+
 # ----- the compiled kernel on CPU: the tiles decide what it computes -----
 
 
