@@ -248,14 +248,6 @@ class ZooAttention(nn.Module):
             return 0
         return self.global_positions(num_keys)
 
-    def global_rows_seed(self, device: torch.device) -> torch.Tensor | None:
-        """The hash seed of the global rows' dropout mask where [`with_global_rows`] computes them: on the reference
-        backend in training with dropout, the kernels' truth, so that it drops what a kernel computing the rows would
-        (`kernels.dense.global_rows_keep`); elsewhere `None` (`F.dropout` of the returned weights)."""
-        if not (self.training and self.dropout > 0.0) or self.config.attention_backend != "reference":
-            return None
-        return draw_seed(device)
-
     def with_global_rows(
         self, out: AttentionOutput, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor | None
     ) -> AttentionOutput:
@@ -265,8 +257,9 @@ class ZooAttention(nn.Module):
         The rows come from [`~attnzoo.kernels.dense_attention`] (SDPA off the reference backend: one op and its
         backward, no materialised fp32 softmax, attention dropout in the same kernel on CUDA) and are spliced in when
         the heads merge ([`finish`]). With returned weights, or attention dropout in training on the reference backend
-        (the counter hash's mask that the kernels computing these rows themselves regenerate, [`global_rows_seed`]),
-        the materialised rows are spliced here instead. They read `out.inputs` in place of `q`, `k`, `v` when the
+        (the counter hash's mask that the kernels computing these rows themselves regenerate,
+        `kernels.dense.global_rows_keep`), the materialised rows are spliced here instead (returned weights off the
+        reference backend take `F.dropout`'s mask). They read `out.inputs` in place of `q`, `k`, `v` when the
         method set it.
         """
         if out.inputs is not None:
@@ -275,6 +268,7 @@ class ZooAttention(nn.Module):
         g = self.global_positions(k.shape[2])
         if g == 0 or out.global_rows_done:
             return out
+        # On the reference backend the rows' dropout is the kernels' truth: the counter hash of a seed.
         hashed = self.training and self.dropout > 0.0 and self.config.attention_backend == "reference"
         if out.attn_weights is None and not hashed:
             mask = None if key_valid is None else key_valid[:, None, None, :]  # (B, 1, 1, N)
@@ -298,7 +292,7 @@ class ZooAttention(nn.Module):
             dropout_p=self.dropout,
             training=self.training,
             return_weights=out.attn_weights is not None,
-            seed=self.global_rows_seed(q.device),
+            seed=draw_seed(q.device) if hashed else None,
         )
         if out.attn_weights is None:
             out.hidden_states = splice_rows(out.hidden_states, rows, key_valid)
