@@ -23,6 +23,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from ..core.saved_tensors import observing_hooks, storage_bytes
+
 #: Ops that launch no kernel: allocations without a fill, metadata-only reshapes (views are recognised from their
 #: schema) and `promote_types` (dtype arithmetic on the host, which `torch.promote_types` routes through the
 #: dispatcher); `lift_fresh` wraps host data into a tensor and counts as a host-to-device copy instead ([`sync_kind`]).
@@ -245,17 +247,12 @@ class OpRecorder(TorchDispatchMode):
         current scope (the `parameters`' storages excluded: they are kept anyway)."""
         params = {p.untyped_storage().data_ptr() for p in parameters}
 
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            try:
-                storage = tensor.untyped_storage()
-                key, nbytes = storage.data_ptr(), storage.nbytes()
-            except (RuntimeError, NotImplementedError):  # no single storage (sparse tensors): count it once
-                key, nbytes = ("id", id(tensor)), tensor.numel() * tensor.element_size()
+        def observe(tensor: torch.Tensor) -> None:
+            key, nbytes = storage_bytes(tensor)
             if key not in params and nbytes:
                 self.saved.setdefault(self.stack[-1], {})[key] = nbytes
-            return tensor
 
-        return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+        return observing_hooks(observe)
 
 
 def _widened(func: Any, args: tuple, kwargs: dict) -> Any:

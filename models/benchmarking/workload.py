@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..core.layers import EncoderLayer
+from ..core.saved_tensors import observing_hooks, storage_bytes
 from .rows import BenchModel, make_inputs
 from .settings import BenchmarkSettings
 
@@ -126,18 +127,12 @@ class Workload:
         param_storages = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
         seen: dict[Any, int] = {}
 
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            try:
-                storage = tensor.untyped_storage()
-                key, nbytes = storage.data_ptr(), storage.nbytes()
-            except (RuntimeError, NotImplementedError):
-                # Sparse and other non-strided tensors have no single storage: count their elements once.
-                key, nbytes = ("id", id(tensor)), tensor.numel() * tensor.element_size()
+        def observe(tensor: torch.Tensor) -> None:
+            key, nbytes = storage_bytes(tensor)
             if key not in param_storages and nbytes:
                 seen[key] = nbytes
-            return tensor
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with observing_hooks(observe):
             output = self._call(grad=True)
         del output
         self.module.zero_grad(set_to_none=True)

@@ -9,6 +9,7 @@ sampled graph.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from types import ModuleType
 
@@ -20,6 +21,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from ..core.attention import AttentionOutput, DenseAttention, ZooAttention
 from ..core.masking import causal_bool_mask
 from ..core.positions import apply_rotary
+from ..core.saved_tensors import RegeneratedTensors, other_saved_tensor_hooks
 from ..kernels import (
     dense_attention,
     dense_masked_attention,
@@ -32,8 +34,8 @@ from ..kernels.dispatch import fastrg_sampler, resolve_backend, sbm_selection_ke
 from ..kernels.hashing import counter_uniform
 from .budget import EdgeBudget, reads_draw_counts
 from .configuration_sbm import SBMConfig
-from .fastrg import FastRGKernels, StructuralPairs, fastrg_edges
-from .sampling import DenseMaskSTE, EdgeSTE, edge_pattern
+from .fastrg import FastRGGraph, FastRGKernels, StructuralPairs, fastrg_edges
+from .sampling import DenseMaskSTE, EdgeSTE, duplicate_bias, edge_pattern
 
 _SITES = ("encoder", "decoder", "cross_attention")
 
@@ -516,7 +518,8 @@ class SBMAttention(ZooAttention):
         """The fastRG backend over a fixed-size edge list, in q, k, v's dtype: as [`_attend_dense_graph`], then the
         head-split views of the flat q, k, v the edge attention keeps (`AttentionOutput.inputs`) and whether the
         kernels computed the global rows (`AttentionOutput.global_rows_done`). The memberships are
-        recomputed in backward from the queries and keys the edge attention keeps anyway."""
+        recomputed in backward from the queries and keys the edge attention keeps anyway; where the kernels run, so is
+        the graph (from the call's seed and Poisson totals), so that backward keeps nothing per edge."""
         cfg = self.config
         B, H, n, _ = q.shape
         m = k.shape[2]
@@ -535,14 +538,14 @@ class SBMAttention(ZooAttention):
         # The fused sampler where the edge attention runs the Triton kernels (the same graph as the torch one).
         sampler = fastrg_sampler(cfg.attention_backend, device) if triton else None
         selection_kernels = self.selection_kernels(device)
+        sample = functools.partial(
+            fastrg_edges, delta=delta, query_valid=query_valid, key_valid=key_valid, causal=self.is_causal,
+            query_offset=offset, structural=self.structural_pairs(m),
+            kernels=None if sampler is None else FastRGKernels(*sampler),
+            weights_kernel=None if selection_kernels is None else selection_kernels.fastrg_weights_triton,
+        )  # fmt: skip
         with torch.no_grad():
-            structural = self.structural_pairs(m)
-            graph = fastrg_edges(
-                q_memb.detach(), k_memb.detach(), blocks.detach(), delta=delta, query_valid=query_valid,
-                key_valid=key_valid, causal=self.is_causal, query_offset=offset, structural=structural,
-                generator=generator, reserve=reserve, kernels=None if sampler is None else FastRGKernels(*sampler),
-                weights_kernel=None if selection_kernels is None else selection_kernels.fastrg_weights_triton,
-            )  # fmt: skip
+            graph = sample(q_memb.detach(), k_memb.detach(), blocks.detach(), generator=generator, reserve=reserve)
         if reserve is not None:
             self.edge_budget.record(graph, B * H * n * m)
         rows, cols, crow = graph.rows, graph.cols, graph.crow
@@ -563,51 +566,80 @@ class SBMAttention(ZooAttention):
         # The queries and keys are what the edge attention keeps for its backward: the recomputation adds nothing
         # of its own.
         params = tuple(p for p in (*self.membership_mlp.parameters(), self.clusters) if p.requires_grad)
-        grad_scale = None
-        if cfg.ste_variant == "paper":
-            # The paper's bias is `logit * (m - 1)`: the gradient reaching it, times the logit, is that of `m`.
-            with torch.no_grad():
-                pattern = edge_pattern(rows, cols, num_rows, num_cols, crow=crow, triton=triton)
-                grad_scale = pattern.sddmm(flatten_heads(q), flatten_heads(k), self.scaling)
         # The sampled counts carry the regulariser's gradient to the edges; without a regulariser (its loss is
         # detached) they need no autograd graph, which would keep the edges' owners for backward.
         counted = cfg.sparsity_weight > 0
-        # Forward 0, and -inf at a repeated draw of a pair (listed again after its first copy: weight 0).
-        logit_bias = EdgeSTE.apply(
-            factors, rows, cols, crow, graph.sampled, graph.duplicate, grad_scale, counted, float(cfg.ste_clip),
-            triton, *edge_inputs[:2], *params,
-        )  # fmt: skip
-        if counted:
-            logit_bias, sampled = logit_bias
-            flags = torch.stack([sampled, graph.attended.float()], -1)  # (E, 2)
-            owner = rows // n  # (b, h) of each edge; B * H on padding
-            # sampled and attended edges per (b, h), one pass for both
-            per_head = torch.zeros(B * H + 1, 2, device=device).index_add(0, owner, flags)[:-1]
-        else:
-            per_head = graph.head_counts.float()  # (B*H, 2), counted by the sampler
-        counts, attended_counts = per_head[:, 0].view(B, H), per_head[:, 1].view(B, H)
-        dropout_p = self.dropout if self.training else 0.0
-        if output_attentions:
-            # The dense weights of the real edges (a debugging path: compaction is fine here).
-            real = graph.attended
-            flat = rows[real].long() * m + cols[real] % m  # int64: rows times m may not fit in int32
-            mask = torch.zeros(num_rows * m, dtype=torch.bool, device=device).index_fill_(0, flat, True)
-            dense_bias = torch.zeros(num_rows * m, device=device).index_put((flat,), logit_bias[real])
-            out, weights = dense_masked_attention(
-                q.float(), k.float(), v.float(), mask.view(B, H, n, m), dropout_p=dropout_p, scale=self.scaling,
-                training=self.training, return_weights=True, logit_bias=dense_bias.view(B, H, n, m),
+
+        def per_edge(graph: FastRGGraph) -> dict[str, torch.Tensor | None]:
+            # What backward reads of a graph besides its row pointers, made alike in forward and when sampled again.
+            grad_scale = None
+            if cfg.ste_variant == "paper":
+                # The paper's bias is `logit * (m - 1)`: the gradient reaching it, times the logit, is that of `m`.
+                with torch.no_grad():
+                    pattern = edge_pattern(graph.rows, graph.cols, num_rows, num_cols, crow=graph.crow, triton=triton)
+                    grad_scale = pattern.sddmm(flatten_heads(q), flatten_heads(k), self.scaling)
+            owner = graph.rows // n if counted else None  # (b, h) of each edge; B * H on padding
+            return {"cols": graph.cols, "sampled": graph.sampled, "grad_scale": grad_scale, "owner": owner}
+
+        edges = per_edge(graph)
+        regenerated, hooks = None, contextlib.nullcontext()
+        # Where the kernels run, backward samples the graph again rather than keep its per-edge tensors
+        # (`core.saved_tensors`); not inside torch.compile (whose graph keeps them), nor under other saved-tensor
+        # hooks (activation checkpointing, which recomputes the whole layer).
+        if (
+            triton
+            and torch.is_grad_enabled()
+            and not output_attentions
+            and not torch.compiler.is_compiling()
+            and not other_saved_tensor_hooks()
+        ):
+            draws = graph.draws
+
+            def rebuild() -> dict[str, torch.Tensor | None]:
+                again = sample(*self.selection(q, k, query_valid, key_valid), generator=None, draws=draws)
+                return {**per_edge(again), "bias": duplicate_bias(again.duplicate, again.cols)}
+
+            regenerated = RegeneratedTensors(rebuild, device.type)
+            regenerated.register(**edges)
+            hooks = regenerated.active()
+        with hooks:
+            # Forward 0, and -inf at a repeated draw of a pair (listed again after its first copy: weight 0).
+            logit_bias = EdgeSTE.apply(
+                factors, rows, cols, crow, edges["sampled"], graph.duplicate, edges["grad_scale"], counted,
+                float(cfg.ste_clip), triton, *edge_inputs[:2], *params,
             )  # fmt: skip
-            return out, weights, counts, attended_counts, None, False
-        # The Triton kernels compute the global queries' dense rows in their own programs (no op around them).
-        global_rows = self.kernel_global_rows(n, m, offset) if triton else 0
-        out = edge_attention(
-            # Dropout from the graph's hash (a fixed number of generator draws per call, whatever the edge count),
-            # which the Triton kernels regenerate per edge instead of storing a mask.
-            *edge_inputs, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p,
-            keep_seed=graph.seed, training=self.training, sorted_rows=True, padded=True, crow=crow,
-            global_rows=global_rows, key_valid=key_valid, backend=cfg.attention_backend,
-        )  # fmt: skip
-        if triton:  # read in place: the global rows read the same q, k, v
-            return out, None, counts, attended_counts, None, global_rows > 0
-        inputs = tuple(unflatten_heads(t, B, H, t.shape[0] // (B * H)) for t in edge_inputs)  # the flat copies
-        return unflatten_heads(out, B, H, n), None, counts, attended_counts, inputs, False
+            if regenerated is not None:
+                regenerated.register(bias=logit_bias[0] if counted else logit_bias)
+            if counted:
+                logit_bias, sampled = logit_bias
+                flags = torch.stack([sampled, graph.attended.float()], -1)  # (E, 2)
+                # sampled and attended edges per (b, h), one pass for both
+                per_head = torch.zeros(B * H + 1, 2, device=device).index_add(0, edges["owner"], flags)[:-1]
+            else:
+                per_head = graph.head_counts.float()  # (B*H, 2), counted by the sampler
+            counts, attended_counts = per_head[:, 0].view(B, H), per_head[:, 1].view(B, H)
+            dropout_p = self.dropout if self.training else 0.0
+            if output_attentions:
+                # The dense weights of the real edges (a debugging path: compaction is fine here).
+                real = graph.attended
+                flat = rows[real].long() * m + cols[real] % m  # int64: rows times m may not fit in int32
+                mask = torch.zeros(num_rows * m, dtype=torch.bool, device=device).index_fill_(0, flat, True)
+                dense_bias = torch.zeros(num_rows * m, device=device).index_put((flat,), logit_bias[real])
+                out, weights = dense_masked_attention(
+                    q.float(), k.float(), v.float(), mask.view(B, H, n, m), dropout_p=dropout_p, scale=self.scaling,
+                    training=self.training, return_weights=True, logit_bias=dense_bias.view(B, H, n, m),
+                )  # fmt: skip
+                return out, weights, counts, attended_counts, None, False
+            # The Triton kernels compute the global queries' dense rows in their own programs (no op around them).
+            global_rows = self.kernel_global_rows(n, m, offset) if triton else 0
+            out = edge_attention(
+                # Dropout from the graph's hash (a fixed number of generator draws per call, whatever the edge count),
+                # which the Triton kernels regenerate per edge instead of storing a mask.
+                *edge_inputs, rows, cols, logit_bias=logit_bias, scale=self.scaling, dropout_p=dropout_p,
+                keep_seed=graph.seed, training=self.training, sorted_rows=True, padded=True, crow=crow,
+                global_rows=global_rows, key_valid=key_valid, backend=cfg.attention_backend,
+            )  # fmt: skip
+            if triton:  # read in place: the global rows read the same q, k, v
+                return out, None, counts, attended_counts, None, global_rows > 0
+            inputs = tuple(unflatten_heads(t, B, H, t.shape[0] // (B * H)) for t in edge_inputs)  # the flat copies
+            return unflatten_heads(out, B, H, n), None, counts, attended_counts, inputs, False

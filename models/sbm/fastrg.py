@@ -43,6 +43,25 @@ _INT32_PAIRS = (1 << 31) - 1
 _INT64_SENTINEL = (1 << 63) - 1
 
 
+@dataclass(frozen=True)
+class FastRGDraws:
+    """What a call of [`fastrg_edges`] takes from a generator and decides on the host; every other random number is
+    a hash of `seed`, so the same draws and memberships give the same graph, bit for bit (SBM samples its graph again
+    in backward from these instead of keeping the edge list).
+
+    Attributes:
+        cumulative (`torch.DoubleTensor` of shape `(2, 2, B*H)`): the expected and the Poisson numbers of fastRG
+            and of exploration draws of every head, cumulated over the heads (`[kind, (expected, drawn), head]`).
+        seed (`torch.LongTensor` of shape `()`): the hash seed of the call.
+        fastrg_slots / exploration_slots (`int`): slots reserved for each kind of draw.
+    """
+
+    cumulative: Tensor
+    seed: Tensor
+    fastrg_slots: int
+    exploration_slots: int
+
+
 @dataclass
 class FastRGGraph:
     """A sampled graph of every `(batch, head)`: a row-sorted edge list of a size the host chose in advance.
@@ -63,11 +82,8 @@ class FastRGGraph:
         head_counts (`torch.IntTensor` of shape `(B * H, 2)`): the sampled and the attended edges of each head
             (int64 when the pair ids are).
         num_rows (`int`): number of query rows `B * H * n` (the row index of padding).
-        totals (`torch.DoubleTensor` of shape `(2, 2)`): the expected and the drawn numbers of fastRG draws, then
-            of exploration draws (more fastRG draws than `slots` means some were dropped).
-        slots (`int`): slots reserved for the fastRG draws.
-        seed (`torch.LongTensor` of shape `()`): the hash seed of the call (also the edges' attention-dropout mask's,
-            `attnzoo.kernels.hashing.position_keep`).
+        draws ([`FastRGDraws`]): the call's random numbers that came from a generator (given back to
+            [`fastrg_edges`], they make the same graph again).
     """
 
     rows: Tensor
@@ -78,9 +94,24 @@ class FastRGGraph:
     crow: Tensor
     head_counts: Tensor
     num_rows: int
-    totals: Tensor
-    slots: int
-    seed: Tensor
+    draws: FastRGDraws
+
+    @property
+    def totals(self) -> Tensor:
+        """The expected and the drawn numbers of fastRG draws, then of exploration draws, `(2, 2)` float64 (more
+        fastRG draws than `slots` means some were dropped)."""
+        return self.draws.cumulative[..., -1]
+
+    @property
+    def slots(self) -> int:
+        """Slots reserved for the fastRG draws."""
+        return self.draws.fastrg_slots
+
+    @property
+    def seed(self) -> Tensor:
+        """The hash seed of the call, `()` int64 (also the edges' attention-dropout mask's,
+        `attnzoo.kernels.hashing.position_keep`)."""
+        return self.draws.seed
 
     @property
     def expected(self) -> Tensor:
@@ -440,6 +471,7 @@ def fastrg_edges(
     reserve: Callable[[Tensor], int] | None = None,
     kernels: FastRGKernels | None = None,
     weights_kernel: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+    draws: FastRGDraws | None = None,
 ) -> FastRGGraph:
     """Sample the SBM graph of every `(batch, head)` with fastRG, as a fixed-size edge list (module docstring).
 
@@ -464,6 +496,8 @@ def fastrg_edges(
             `None` runs the torch reference. Both give the same graph, bit for bit.
         weights_kernel (`callable`, *optional*): the fused rates of the draws ([`sampler_inputs`]); chosen with the
             attention backend, not with `kernels`, so that both samplers read the same rates.
+        draws ([`FastRGDraws`], *optional*): an earlier call's `graph.draws`: that call's graph again (with the
+            same memberships and arguments), no generator draw and no `reserve`.
 
     Returns:
         [`FastRGGraph`].
@@ -472,17 +506,13 @@ def fastrg_edges(
     m = k_memb.shape[2]
     num_rows = B * H * n
     inputs = sampler_inputs(q_memb, k_memb, blocks, query_valid, key_valid, weights_kernel)
-    cumulative = _draw_totals(inputs, delta, n, m, generator)  # (2, 2, B*H)
-    totals = cumulative[..., -1]  # (2, 2): expected and drawn, of fastRG and of exploration draws
-    fastrg_slots = int(totals[0, 1]) if reserve is None else reserve(totals[0, 0])
-    # The exploration rate is at most δ per pair, known on the host: its slots hold the count but with a negligible
-    # probability.
-    exploration_slots = poisson_slots(delta * m * num_rows) if delta > 0 else 0
-    seed = torch.randint(0, 1 << 62, (), device=q_memb.device, generator=generator)
+    if draws is None:
+        draws = _draw(inputs, delta, m, num_rows, generator, reserve)
     # The sort merges repeated pairs (int32 ids when they fit); the largest id of the dtype marks an empty slot.
     small = num_rows * m < _INT32_PAIRS
     request = PairIdRequest(
-        ends=cumulative[:, 1], seed=seed, fastrg_slots=fastrg_slots, exploration_slots=exploration_slots,
+        ends=draws.cumulative[:, 1], seed=draws.seed, fastrg_slots=draws.fastrg_slots,
+        exploration_slots=draws.exploration_slots,
         query_valid=query_valid, key_valid=key_valid, causal=causal, query_offset=query_offset,
         structural=structural, sentinel=(1 << 31) - 1 if small else _INT64_SENTINEL,
         dtype=torch.int32 if small else torch.int64,
@@ -491,7 +521,7 @@ def fastrg_edges(
     # Being stable, the sort lists a drawn copy of a pair before a structural one.
     ids, order = torch.sort(ids, stable=True)
     edge_list = edges_from_sorted_ids if kernels is None else kernels.edge_list
-    num_drawn = fastrg_slots + exploration_slots
+    num_drawn = draws.fastrg_slots + draws.exploration_slots
     rows, cols, sampled, duplicate, attended, crow, head_counts = edge_list(
         ids, order, num_drawn=num_drawn, n=n, m=m, num_rows=num_rows, sentinel=request.sentinel
     )
@@ -504,7 +534,25 @@ def fastrg_edges(
         crow=crow,
         head_counts=head_counts,
         num_rows=num_rows,
-        totals=totals,
-        slots=fastrg_slots,
-        seed=seed,
+        draws=draws,
     )
+
+
+def _draw(
+    inputs: SamplerInputs,
+    delta: float,
+    m: int,
+    num_rows: int,
+    generator: torch.Generator | None,
+    reserve: Callable[[Tensor], int] | None,
+) -> FastRGDraws:
+    """The generator's draws of one call of [`fastrg_edges`] and the slots reserved for them."""
+    n = inputs.weights.shape[2]
+    cumulative = _draw_totals(inputs, delta, n, m, generator)  # (2, 2, B*H)
+    totals = cumulative[..., -1]  # (2, 2): expected and drawn, of fastRG and of exploration draws
+    fastrg_slots = int(totals[0, 1]) if reserve is None else reserve(totals[0, 0])
+    # The exploration rate is at most δ per pair, known on the host: its slots hold the count but with a negligible
+    # probability.
+    exploration_slots = poisson_slots(delta * m * num_rows) if delta > 0 else 0
+    seed = torch.randint(0, 1 << 62, (), device=inputs.weights.device, generator=generator)
+    return FastRGDraws(cumulative, seed, fastrg_slots, exploration_slots)

@@ -108,6 +108,16 @@ class DenseMaskSTE(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None
 
 
+def duplicate_bias(duplicate: Tensor | None, cols: Tensor) -> Tensor:
+    """The forward value of [`EdgeSTE`]'s bias: 0, and `-inf` at the `duplicate` edges, `(E,)` fp32 (`cols`: the
+    edges' columns, for the size and device)."""
+    device = cols.device
+    if duplicate is None:
+        return torch.zeros(cols.shape, dtype=torch.float32, device=device)
+    # one op: the constants are made once per device
+    return torch.where(duplicate, scalar(-math.inf, torch.float32, device), scalar(0.0, torch.float32, device))
+
+
 class EdgeSTE(torch.autograd.Function):
     """Straight-through estimator of an edge list: the logit bias `m_e - 1` of every edge, with `m_e = 1` in forward
     (so the bias is 0, and `-inf` at the edges marked `duplicate`: a repeated draw of a pair attends with weight 0).
@@ -143,11 +153,7 @@ class EdgeSTE(torch.autograd.Function):
         # The Triton products need no row of each edge: keep it only for the torch path.
         ctx.save_for_backward(None if triton else rows, cols, crow, sampled, grad_scale, first, second)
         ctx.factors, ctx.params, ctx.clip, ctx.triton = factors, params, clip, triton
-        device = cols.device
-        if duplicate is None:
-            bias = torch.zeros(cols.shape, dtype=torch.float32, device=device)
-        else:  # one op: the constants are made once per device
-            bias = torch.where(duplicate, scalar(-math.inf, torch.float32, device), scalar(0.0, torch.float32, device))
+        bias = duplicate_bias(duplicate, cols)
         return (bias, sampled.float()) if counted else bias
 
     @staticmethod

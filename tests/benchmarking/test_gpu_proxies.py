@@ -76,7 +76,7 @@ class Status:
 STATUS = {
     "a2former": Status(7, 16, 0, 0, 1.03, 1.00, 1.16),
     "fsat": Status(12, 29, 0, 0, 1.43, 1.00, 1.70),
-    "sbm:fastrg-2%": Status(12, 24, 0, 0, 1.05, 1.00, 1.26),
+    "sbm:fastrg-2%": Status(12, 29, 0, 0, 1.00, 1.00, 1.29),
     "smart_bird": Status(3, 5, 0, 0, 1.09, 1.00, 1.04),
     # CUDA's default path: one FlexAttention call per layer (the call a counted stand-in, see `cuda_code_path`).
     "sparse_transformer": Status(4, 7, 0, 0, 1.08, 1.00, 1.06),

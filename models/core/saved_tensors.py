@@ -1,0 +1,113 @@
+"""Saved-tensor hooks: tensors made again in backward instead of kept, and hooks that only watch what is kept.
+
+SBM's fastRG graph has `density * n * m` edges per head (about 48 M per layer at 16K tokens and 1.5% density), and
+its edge attention and straight-through estimator both read the edges in backward. Kept, at 9 bytes an edge, they
+would outweigh every other activation of the layer at long lengths. The graph is a deterministic function of the
+memberships (recomputed from the queries and keys, which backward keeps anyway) and of a few generator draws, so
+backward samples it again, as FlashAttention regenerates its dropout mask ([`RegeneratedTensors`]). Hooks rather than
+arguments of the autograd Functions keep the kernels' Functions generic.
+
+The benchmarks measure what autograd keeps with hooks of their own ([`observing_hooks`]); regeneration runs under
+them and shows them what it keeps, so that a measurement sees the layer as it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: attribute marking a pack hook that returns its tensor unchanged and only records it
+_OBSERVER = "_attnzoo_observes_saved_tensors"
+
+
+def storage_bytes(tensor: Tensor) -> tuple[Any, int]:
+    """`(key, bytes)` of the storage holding `tensor` (tensors sharing a storage share a key); a tensor without a
+    single storage (sparse) is keyed by its identity and counted by its elements."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return ("id", id(tensor)), tensor.numel() * tensor.element_size()
+
+
+def observing_hooks(observe: Callable[[Tensor], None]) -> AbstractContextManager:
+    """`saved_tensors_hooks` that call `observe` on every tensor autograd keeps for backward and keep it unchanged
+    (a measurement: [`RegeneratedTensors`] may run under them and reports to them what it keeps)."""
+
+    def pack(tensor: Tensor) -> Tensor:
+        observe(tensor)
+        return tensor
+
+    setattr(pack, _OBSERVER, True)
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+
+
+def _outer_pack() -> Callable[[Tensor], Any] | None:
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)  # (pack, unpack) innermost, or None
+    return None if hooks is None else hooks[0]
+
+
+def other_saved_tensor_hooks() -> bool:
+    """Whether saved-tensor hooks other than observers are active (non-reentrant activation checkpointing,
+    offloading): they own the saved tensors then (checkpointing recomputes the whole layer anyway), and nesting
+    [`RegeneratedTensors`] would hide tensors from them."""
+    pack = _outer_pack()
+    return pack is not None and not getattr(pack, _OBSERVER, False)
+
+
+def _key(t: Tensor) -> tuple:
+    # Storage address and layout: a packed tensor is the registered one or an alias of it with the same contents.
+    return t.data_ptr(), t.dtype, tuple(t.shape), t.stride()
+
+
+class RegeneratedTensors:
+    """Saved-tensor hooks that keep a name in place of each registered tensor and, in backward, read it from
+    `rebuild()` (called once, under `no_grad`, with the forward's autocast state).
+
+    Every other saved tensor is kept as a detached alias (kept as is, a Function's saved output would hold its own
+    node: a reference cycle that leaks it) and shown to the observing hooks active when this object was made.
+
+    Args:
+        rebuild (`callable`): returns a dict from each registered name to a tensor equal to the registered one.
+        device_type (`str`): the device whose autocast state `rebuild` runs under.
+    """
+
+    def __init__(self, rebuild: Callable[[], dict[str, Tensor | None]], device_type: str):
+        self._rebuild = rebuild
+        self._names: dict[tuple, str] = {}
+        self._rebuilt: dict[str, Tensor | None] | None = None
+        self._device_type = device_type
+        self._autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        outer = _outer_pack()
+        self._observe = outer if outer is not None and getattr(outer, _OBSERVER, False) else None
+
+    def register(self, **tensors: Tensor | None) -> None:
+        """Pack these tensors as their names from now on (`None` values are skipped)."""
+        self._names.update({_key(t): name for name, t in tensors.items() if t is not None})
+
+    def pack(self, t: Tensor) -> Tensor | str:
+        name = self._names.get(_key(t))
+        if name is not None:
+            return name
+        if self._observe is not None:
+            self._observe(t)
+        return t.detach()
+
+    def unpack(self, packed: Tensor | str) -> Tensor | None:
+        if isinstance(packed, Tensor):
+            return packed
+        if self._rebuilt is None:
+            enabled, dtype = self._autocast
+            with torch.no_grad(), torch.autocast(self._device_type, dtype=dtype, enabled=enabled):
+                self._rebuilt = self._rebuild()
+        return self._rebuilt[packed]
+
+    @contextmanager
+    def active(self) -> Iterator[RegeneratedTensors]:
+        """The hooks, on the tensors saved inside the block."""
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+            yield self
