@@ -59,9 +59,13 @@ def other_saved_tensor_hooks() -> bool:
     return pack is not None and not getattr(pack, _OBSERVER, False)
 
 
-def _key(t: Tensor) -> tuple:
+def _key(t: Tensor) -> tuple | None:
     # Storage address and layout: a packed tensor is the registered one or an alias of it with the same contents.
-    return t.data_ptr(), t.dtype, tuple(t.shape), t.stride()
+    # A tensor without a storage (sparse, fake) is never registered.
+    try:
+        return t.data_ptr(), t.dtype, tuple(t.shape), t.stride()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 class RegeneratedTensors:
@@ -69,7 +73,10 @@ class RegeneratedTensors:
     `rebuild()` (called once, under `no_grad`, with the forward's autocast state).
 
     Every other saved tensor is kept as a detached alias (kept as is, a Function's saved output would hold its own
-    node: a reference cycle that leaks it) and shown to the observing hooks active when this object was made.
+    node: a reference cycle that leaks it) with its version, and shown to the observing hooks active when this
+    object was made. Torch checks no version under hooks, so the unpack does: a tensor changed in place after it was
+    saved is an error in backward, as without hooks (and `rebuild`, which reads the forward's inputs again, would
+    otherwise make its tensors from the changed values).
 
     Args:
         rebuild (`callable`): returns a dict from each registered name to a tensor equal to the registered one.
@@ -87,19 +94,36 @@ class RegeneratedTensors:
 
     def register(self, **tensors: Tensor | None) -> None:
         """Pack these tensors as their names from now on (`None` values are skipped)."""
-        self._names.update({_key(t): name for name, t in tensors.items() if t is not None})
+        self._names.update({key: name for name, t in tensors.items() if t is not None and (key := _key(t))})
 
-    def pack(self, t: Tensor) -> Tensor | str:
-        name = self._names.get(_key(t))
+    def release_after(self, node: torch.autograd.graph.Node | None) -> None:
+        """Drop the rebuilt tensors once `node` has run in backward: it must be the last node to read them (nodes
+        that hold them but never run, e.g. of an output the loss leaves out, would keep them to the end of backward
+        otherwise). A later backward through a retained graph rebuilds them. `None` (no autograd graph): nothing."""
+        if node is not None:
+            node.register_hook(lambda grad_inputs, grad_outputs: self._release())
+
+    def _release(self) -> None:
+        self._rebuilt = None
+
+    def pack(self, t: Tensor) -> tuple[Tensor, int] | str:
+        key = _key(t)
+        name = None if key is None else self._names.get(key)
         if name is not None:
             return name
         if self._observe is not None:
             self._observe(t)
-        return t.detach()
+        return t.detach(), t._version  # the alias shares the version counter
 
-    def unpack(self, packed: Tensor | str) -> Tensor | None:
-        if isinstance(packed, Tensor):
-            return packed
+    def unpack(self, packed: tuple[Tensor, int] | str) -> Tensor | None:
+        if not isinstance(packed, str):
+            tensor, version = packed
+            if tensor._version != version:
+                raise RuntimeError(
+                    f"a tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype} that backward needs was "
+                    f"modified in place after the forward saved it (version {tensor._version}, saved at {version})"
+                )
+            return tensor
         if self._rebuilt is None:
             enabled, dtype = self._autocast
             with torch.no_grad(), torch.autocast(self._device_type, dtype=dtype, enabled=enabled):

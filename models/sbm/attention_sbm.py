@@ -567,8 +567,12 @@ class SBMAttention(ZooAttention):
         # of its own.
         params = tuple(p for p in (*self.membership_mlp.parameters(), self.clusters) if p.requires_grad)
         # The sampled counts carry the regulariser's gradient to the edges; without a regulariser (its loss is
-        # detached) they need no autograd graph, which would keep the edges' owners for backward.
-        counted = cfg.sparsity_weight > 0
+        # detached, and there is none outside training) they need no autograd graph, which would keep the edges'
+        # owners for backward.
+        counted = cfg.sparsity_weight > 0 and self.training
+
+        def flags_of(sampled: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+            return torch.stack([sampled, attended.float()], -1)  # (E, 2): what the per-head counts sum
 
         def per_edge(graph: FastRGGraph) -> dict[str, torch.Tensor | None]:
             # What backward reads of a graph besides its row pointers, made alike in forward and when sampled again.
@@ -597,7 +601,9 @@ class SBMAttention(ZooAttention):
 
             def rebuild() -> dict[str, torch.Tensor | None]:
                 again = sample(*self.selection(q, k, query_valid, key_valid), generator=None, draws=draws)
-                return {**per_edge(again), "bias": duplicate_bias(again.duplicate, again.cols)}
+                bias = duplicate_bias(again.duplicate, again.cols)
+                flags = flags_of(again.sampled.float(), again.attended) if counted else None
+                return {**per_edge(again), "bias": bias, "flags": flags}
 
             regenerated = RegeneratedTensors(rebuild, device.type)
             regenerated.register(**edges)
@@ -610,9 +616,13 @@ class SBMAttention(ZooAttention):
             )  # fmt: skip
             if regenerated is not None:
                 regenerated.register(bias=logit_bias[0] if counted else logit_bias)
+                # the estimator's node is upstream of every other reader of the rebuilt tensors
+                regenerated.release_after((logit_bias[0] if counted else logit_bias).grad_fn)
             if counted:
                 logit_bias, sampled = logit_bias
-                flags = torch.stack([sampled, graph.attended.float()], -1)  # (E, 2)
+                flags = flags_of(sampled, graph.attended)
+                if regenerated is not None:  # index_add keeps its source (and its index, `owner`) for backward
+                    regenerated.register(flags=flags)
                 # sampled and attended edges per (b, h), one pass for both
                 per_head = torch.zeros(B * H + 1, 2, device=device).index_add(0, edges["owner"], flags)[:-1]
             else:

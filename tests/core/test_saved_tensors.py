@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -46,6 +47,37 @@ def test_a_registered_tensor_is_rebuilt_once_in_backward_and_the_gradient_is_unc
     out2.sum().backward()
     assert calls == [False], "one rebuild, without an autograd graph"
     torch.testing.assert_close(x.grad, w * w, rtol=0, atol=0)
+
+
+def test_a_tensor_changed_in_place_after_forward_is_an_error_in_backward():
+    x = torch.randn(6, requires_grad=True)
+    y = x * 2
+    hooks = RegeneratedTensors(dict, "cpu")
+    with hooks.active():
+        out = y.sin()  # keeps y
+    with torch.no_grad():
+        y.mul_(3.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        out.sum().backward()
+
+
+def test_the_rebuilt_tensors_are_dropped_after_their_last_reader():
+    x = torch.randn(6, requires_grad=True)
+    w = torch.rand(6)
+    hooks = RegeneratedTensors(lambda: {"w": w.clone()}, "cpu")
+    hooks.register(w=w)
+    with hooks.active():
+        first = ScaleBy.apply(x, w)
+        unused = ScaleBy.apply(x, w)  # holds the name too, but the loss leaves it out: it never runs
+        second = ScaleBy.apply(first, w)
+    hooks.release_after(first.grad_fn)
+    second.sum().backward(retain_graph=True)
+    assert hooks._rebuilt is None, "the rebuilt tensors outlived their last reader"
+    grad = x.grad.clone()
+    x.grad = None
+    second.sum().backward()  # through the retained graph: rebuilt again
+    torch.testing.assert_close(x.grad, grad, rtol=0, atol=0)
+    del unused
 
 
 def test_kept_tensors_are_shown_to_an_observer_and_registered_ones_are_not():
