@@ -123,6 +123,16 @@ def train_wordpiece_tokenizer(
         show_progress=False,
     )
     backend.train_from_iterator(itertools.chain([first], corpus), trainer=trainer)
+    # The trainer numbers tokens of equal frequency in hash-map order, which differs from one process to the next:
+    # the same corpus gave the same vocabulary with other ids. WordPiece splits a word by the vocabulary's strings,
+    # never by its ids, so numbering the tokens in a fixed order (special tokens first, then single characters, then
+    # longer pieces, each alphabetically) keeps every split and makes the ids reproducible.
+    pieces = sorted(
+        (token for token in backend.get_vocab(with_added_tokens=False) if token not in SPECIAL_TOKENS),
+        key=lambda token: (len(token.removeprefix("##")) > 1, token.startswith("##"), token),
+    )
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *pieces])}
+    backend.model = models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##")
 
     # The trainer adds special tokens first, in list order; verify rather than assume because the model configs
     # depend on these exact ids (a plain `assert` would vanish under `python -O`).

@@ -58,6 +58,33 @@ def test_special_tokens_have_fixed_ids(tokenizer):
     assert tokenizer.padding_side == "right"
 
 
+_TRAIN_AND_PRINT = """
+import json, sys
+from attnzoo.tokenization import iter_texts_from_files, train_wordpiece_tokenizer
+tokenizer = train_wordpiece_tokenizer(iter_texts_from_files(sys.argv[1]), vocab_size=600)
+print(json.dumps(tokenizer.get_vocab(), sort_keys=True))
+"""
+
+
+def test_the_same_corpus_gives_the_same_ids_in_every_process():
+    # The trainer breaks frequency ties in hash-map order, seeded per process: two processes, not two calls.
+    command = [sys.executable, "-c", _TRAIN_AND_PRINT, str(WIKITEXT_TRAIN)]
+    vocabs = [json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout) for _ in range(2)]
+    assert vocabs[0] == vocabs[1]
+    assert len(vocabs[0]) == 600
+
+
+def test_renumbering_keeps_every_split(tokenizer):
+    # Characters come before longer pieces; every word splits into pieces of the vocabulary, [UNK] only for unknown
+    # characters.
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(SPECIAL_TOKENS), len(tokenizer))))
+    lengths = [len(token.removeprefix("##")) for token in tokens]
+    first_long = next(index for index, length in enumerate(lengths) if length > 1)
+    assert set(lengths[:first_long]) == {1} and min(lengths[first_long:]) > 1
+    assert tokenizer.tokenize("the album was released") == ["the", "album", "was", "released"]
+    assert tokenizer.unk_token not in tokenizer.tokenize("unbelievably overwhelming")
+
+
 def test_encode_decode_round_trip(tokenizer):
     ids = tokenizer(SENTENCE)["input_ids"]
     assert ids[0] == tokenizer.cls_token_id

@@ -131,7 +131,7 @@ def test_the_recipe_runs_end_to_end_from_a_headless_bert(tmp_path, load_script, 
     history = json.loads((work / "mlm" / "log_history.json").read_text())
     losses = [row["eval_loss"] for row in history if "eval_loss" in row]
     assert mlm["global_step"] == 30 and len(losses) >= 2
-    assert losses[-1] < losses[0] - 0.15  # the converted model with its fresh head learns the held-back text (-0.26)
+    assert losses[-1] < losses[0] - 0.15  # the converted model with its fresh head learns the held-back text (-0.24)
 
     imdb = load_script("run_glue").main(
         [
