@@ -35,12 +35,15 @@ def storage_bytes(tensor: Tensor) -> tuple[Any, int]:
 
 
 def observing_hooks(observe: Callable[[Tensor], None]) -> AbstractContextManager:
-    """`saved_tensors_hooks` that call `observe` on every tensor autograd keeps for backward and keep it unchanged
-    (a measurement: [`RegeneratedTensors`] may run under them and reports to them what it keeps)."""
+    """`saved_tensors_hooks` that call `observe` on every tensor autograd keeps for backward and keep it (a
+    measurement: [`RegeneratedTensors`] may run under them and reports to them what it keeps).
+
+    A kept tensor is a detached alias: kept as is, a saved output would hold its own node, a reference cycle that no
+    garbage collection breaks, and a forward measured without a backward would keep its whole graph allocated."""
 
     def pack(tensor: Tensor) -> Tensor:
         observe(tensor)
-        return tensor
+        return tensor.detach()
 
     setattr(pack, _OBSERVER, True)
     return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
