@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-#: attribute marking a pack hook that returns its tensor unchanged and only records it
+#: attribute marking a pack hook that only records what autograd keeps (its unpack returns the tensor as packed)
 _OBSERVER = "_attnzoo_observes_saved_tensors"
 
 
