@@ -49,17 +49,19 @@ def observing_hooks(observe: Callable[[Tensor], None]) -> AbstractContextManager
     return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
 
 
-def _outer_pack() -> Callable[[Tensor], Any] | None:
+def _outer_pack() -> tuple[Callable[[Tensor], Any] | None, bool]:
+    """The innermost active pack hook (`None`: no hooks) and whether it is an observer's."""
     hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)  # (pack, unpack) innermost, or None
-    return None if hooks is None else hooks[0]
+    pack = None if hooks is None else hooks[0]
+    return pack, getattr(pack, _OBSERVER, False)
 
 
 def other_saved_tensor_hooks() -> bool:
     """Whether saved-tensor hooks other than observers are active (non-reentrant activation checkpointing,
     offloading): they own the saved tensors then (checkpointing recomputes the whole layer anyway), and nesting
     [`RegeneratedTensors`] would hide tensors from them."""
-    pack = _outer_pack()
-    return pack is not None and not getattr(pack, _OBSERVER, False)
+    pack, observer = _outer_pack()
+    return pack is not None and not observer
 
 
 def _key(t: Tensor) -> tuple | None:
@@ -92,8 +94,8 @@ class RegeneratedTensors:
         self._rebuilt: dict[str, Tensor | None] | None = None
         self._device_type = device_type
         self._autocast = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
-        outer = _outer_pack()
-        self._observe = outer if outer is not None and getattr(outer, _OBSERVER, False) else None
+        outer, observer = _outer_pack()
+        self._observe = outer if observer else None
 
     def register(self, **tensors: Tensor | None) -> None:
         """Pack these tensors as their names from now on (`None` values are skipped)."""

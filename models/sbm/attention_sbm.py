@@ -610,16 +610,16 @@ class SBMAttention(ZooAttention):
             hooks = regenerated.active()
         with hooks:
             # Forward 0, and -inf at a repeated draw of a pair (listed again after its first copy: weight 0).
-            logit_bias = EdgeSTE.apply(
+            estimated = EdgeSTE.apply(
                 factors, rows, cols, crow, edges["sampled"], graph.duplicate, edges["grad_scale"], counted,
                 float(cfg.ste_clip), triton, *edge_inputs[:2], *params,
             )  # fmt: skip
+            logit_bias, sampled = estimated if counted else (estimated, None)
             if regenerated is not None:
-                regenerated.register(bias=logit_bias[0] if counted else logit_bias)
+                regenerated.register(bias=logit_bias)
                 # the estimator's node is upstream of every other reader of the rebuilt tensors
-                regenerated.release_after((logit_bias[0] if counted else logit_bias).grad_fn)
+                regenerated.release_after(logit_bias.grad_fn)
             if counted:
-                logit_bias, sampled = logit_bias
                 flags = flags_of(sampled, graph.attended)
                 if regenerated is not None:  # index_add keeps its source (and its index, `owner`) for backward
                     regenerated.register(flags=flags)

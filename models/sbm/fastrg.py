@@ -507,7 +507,7 @@ def fastrg_edges(
     num_rows = B * H * n
     inputs = sampler_inputs(q_memb, k_memb, blocks, query_valid, key_valid, weights_kernel)
     if draws is None:
-        draws = _draw(inputs, delta, m, num_rows, generator, reserve)
+        draws = _draw(inputs, delta, generator, reserve)
     # The sort merges repeated pairs (int32 ids when they fit); the largest id of the dtype marks an empty slot.
     small = num_rows * m < _INT32_PAIRS
     request = PairIdRequest(
@@ -539,15 +539,12 @@ def fastrg_edges(
 
 
 def _draw(
-    inputs: SamplerInputs,
-    delta: float,
-    m: int,
-    num_rows: int,
-    generator: torch.Generator | None,
-    reserve: Callable[[Tensor], int] | None,
+    inputs: SamplerInputs, delta: float, generator: torch.Generator | None, reserve: Callable[[Tensor], int] | None
 ) -> FastRGDraws:
     """The generator's draws of one call of [`fastrg_edges`] and the slots reserved for them."""
-    n = inputs.weights.shape[2]
+    B, H, n, _ = inputs.weights.shape
+    m = inputs.k_memb.shape[2]
+    num_rows = B * H * n
     cumulative = _draw_totals(inputs, delta, n, m, generator)  # (2, 2, B*H)
     totals = cumulative[..., -1]  # (2, 2): expected and drawn, of fastRG and of exploration draws
     fastrg_slots = int(totals[0, 1]) if reserve is None else reserve(totals[0, 0])
