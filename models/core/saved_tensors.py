@@ -120,6 +120,9 @@ class RegeneratedTensors:
             self._observe(t)
         return t.detach(), t._version  # the alias shares the version counter
 
+    # Compiled autograd traces unpack hooks into its backward graph: the rebuild (a sampler of data-dependent size,
+    # Python ints that change every call) runs as eager code there instead of being traced and specialised per call.
+    @torch.compiler.disable
     def unpack(self, packed: tuple[Tensor, int] | str) -> Tensor | None:
         if not isinstance(packed, str):
             tensor, version = packed

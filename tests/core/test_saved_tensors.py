@@ -138,3 +138,26 @@ def test_activation_checkpointing_owns_the_saved_tensors():
     checkpoint(layer, torch.randn(3, requires_grad=True), use_reentrant=False).sum().backward()
     # the forward, then its recomputation in backward
     assert inside == [True, True]
+
+
+def test_under_compiled_autograd_the_rebuild_runs_eagerly_and_the_gradient_is_unchanged():
+    # Compiled autograd traces the unpack hooks into its backward graph. The rebuild (SBM's: a sampler of
+    # data-dependent size, Triton launches, Python ints that change every step) must run as the eager code it is,
+    # not be traced and specialised per call.
+    x = torch.randn(6, requires_grad=True)
+    w = torch.rand(6)
+    traced = []
+
+    def rebuild():
+        traced.append(torch.compiler.is_compiling())
+        return {"w": w.clone()}
+
+    hooks = RegeneratedTensors(rebuild, "cpu")
+    hooks.register(w=w)
+    with hooks.active():
+        out = ScaleBy.apply(x, w)
+    torch._dynamo.reset()
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="eager")):
+        out.sum().backward()
+    assert traced == [False]
+    torch.testing.assert_close(x.grad, w, rtol=0, atol=0)
