@@ -16,9 +16,10 @@ from triton_devices import TRITON_DEVICES
 pytest.importorskip("triton")
 
 
-def _step(monkeypatch, regenerate: bool, device: str):
+def _step(monkeypatch, regenerate: bool, device: str, compiled_autograd: bool = False):
     """One training step of a small layer that reads every per-edge tensor in backward (the paper's STE scale, the
-    regulariser's edge owners, dropout, a window, a global token, padding); the edge count and the shapes kept."""
+    regulariser's edge owners, dropout, a window, a global token, padding); the edge count and the shapes kept.
+    `compiled_autograd`: the backward traced by compiled autograd (dynamo's eager backend)."""
     config = SBMConfig(
         vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
         num_clusters=8, sampling_backend="fastrg", membership_logit_bias=-1.0, attention_probs_dropout_prob=0.1,
@@ -44,7 +45,13 @@ def _step(monkeypatch, regenerate: bool, device: str):
     torch.manual_seed(4)
     with observing_hooks(lambda t: kept.append(tuple(t.shape))):
         out = attn(x, key_valid)
-    ((out.hidden_states * torch.linspace(-1, 1, 32)).sum() + out.aux_loss).backward()
+    loss = (out.hidden_states * torch.linspace(-1, 1, 32, device=device)).sum() + out.aux_loss
+    if compiled_autograd:
+        torch._dynamo.reset()
+        with torch._dynamo.compiled_autograd._enable(torch.compile(backend="eager")):
+            loss.backward()
+    else:
+        loss.backward()
     grads = {name: p.grad for name, p in attn.named_parameters()}
     results = (out.hidden_states.detach(), out.density, out.aux_loss.detach(), x.grad)
     return results, grads, edges, kept
@@ -71,3 +78,16 @@ def test_backward_samples_the_graph_again_instead_of_keeping_its_edges(monkeypat
             assert torch.equal(got, grad), name
         else:
             torch.testing.assert_close(got, grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the interpreter's kernels cannot be traced)")
+def test_under_compiled_autograd_the_graph_is_sampled_again_with_the_same_gradients(monkeypatch):
+    expected, expected_grads, _, _ = _step(monkeypatch, regenerate=True, device="cuda")
+    monkeypatch.undo()
+    results, grads, edges, _ = _step(monkeypatch, regenerate=True, device="cuda", compiled_autograd=True)
+    assert len(edges) == 2, "sampled in forward, and again in backward"
+    assert torch.equal(results[0], expected[0])
+    for name, grad in [("input", expected[3]), *expected_grads.items()]:
+        got = results[3] if name == "input" else grads[name]
+        torch.testing.assert_close(got, grad, rtol=1e-5, atol=1e-6, msg=name)
