@@ -139,8 +139,9 @@ def _flex_choice_as_on_cuda(backend: str) -> Iterator[None]:
     `"triton"` (patched in every attnzoo module that imported it by name)."""
     original = dispatch.uses_flex_attention
 
-    def as_on_cuda(requested: str, device: torch.device, *dtypes: torch.dtype) -> bool:
-        return original(backend if requested == "triton" else requested, torch.device("cuda"), *dtypes)
+    def as_on_cuda(requested: str, device: torch.device, *dtypes: torch.dtype, head_dim: int) -> bool:
+        requested = backend if requested == "triton" else requested
+        return original(requested, torch.device("cuda"), *dtypes, head_dim=head_dim)
 
     package = __name__.split(".")[0]
     modules = [

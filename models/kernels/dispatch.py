@@ -52,6 +52,8 @@ from .key_slots import check_key_slots, key_slot_attention_torch
 ATTENTION_BACKENDS = ("fast", "reference", "triton")
 #: dtypes the Triton kernels take (fp32 accumulation inside); anything else stays on the torch paths.
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: the narrowest heads inductor's CUDA FlexAttention compiles ([`uses_flex_attention`])
+_FLEX_MIN_HEAD_DIM = 16
 
 
 @functools.cache
@@ -185,9 +187,10 @@ def sbm_selection_kernels(
     return kernels.memberships
 
 
-def uses_flex_attention(backend: str, device: torch.device, *dtypes: torch.dtype) -> bool:
+def uses_flex_attention(backend: str, device: torch.device, *dtypes: torch.dtype, head_dim: int) -> bool:
     """Whether a block-sparse pattern runs through FlexAttention ([`attnzoo.kernels.flex`]) rather than the
-    primitives below: with `"fast"` on CUDA where the Triton kernels could run (FlexAttention compiles to Triton).
+    primitives below: with `"fast"` on CUDA where the Triton kernels could run (FlexAttention compiles to Triton)
+    and the heads are wide enough for its CUDA kernels.
 
     `"triton"` keeps attnzoo's own Triton kernels (so that the two fast paths can be compared), and the CPU keeps the
     torch paths: torch has no FlexAttention backward there.
@@ -196,9 +199,12 @@ def uses_flex_attention(backend: str, device: torch.device, *dtypes: torch.dtype
         backend (`str`): one of [`ATTENTION_BACKENDS`].
         device (`torch.device`): device of the inputs.
         dtypes (`torch.dtype`): dtypes of q, k and v.
+        head_dim (`int`): the smaller of the query/key and the value head sizes.
     """
     implementation = resolve_backend(backend, device, *dtypes)  # validates the name
-    return backend == "fast" and implementation == "triton"
+    # Inductor's CUDA FlexAttention multiplies head-dim tiles with tl.dot, which needs at least 16 columns (it raises
+    # NotImplementedError below that): narrower heads keep the primitives.
+    return backend == "fast" and implementation == "triton" and head_dim >= _FLEX_MIN_HEAD_DIM
 
 
 def gathered_attention(

@@ -552,7 +552,9 @@ class SparseTransformerAttention(ZooAttention):
         """Whether the pattern of this forward runs as FlexAttention (the kernel dispatch's choice for the backend and
         device; every head block-sparse in some order)."""
         backend = self.config.attention_backend
-        return uses_flex_attention(backend, q.device, q.dtype, k.dtype, v.dtype) and takes_flex(self.head_kinds)
+        head_dim = min(q.shape[-1], v.shape[-1])
+        flex = uses_flex_attention(backend, q.device, q.dtype, k.dtype, v.dtype, head_dim=head_dim)
+        return flex and takes_flex(self.head_kinds)
 
     def attend(self, q, k, v, key_valid, *, query_offset=0, output_attentions=False):
         q_len, k_len = q.shape[2], k.shape[2]

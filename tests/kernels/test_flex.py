@@ -4,6 +4,8 @@ forward against dense masked attention."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.attention.flex_attention as torch_flex
@@ -109,23 +111,30 @@ def test_position_permutation_equals_indexing_forward_and_backward(layout):
 def test_dispatch_takes_flex_for_fast_on_cuda_only():
     pytest.importorskip("triton")
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert uses_flex_attention("fast", cuda, torch.bfloat16, torch.bfloat16, torch.bfloat16)
-    assert uses_flex_attention("fast", cuda, torch.float32)
+    takes = functools.partial(uses_flex_attention, head_dim=64)
+    assert takes("fast", cuda, torch.bfloat16, torch.bfloat16, torch.bfloat16)
+    assert takes("fast", cuda, torch.float32)
     # fp64 stays on the torch paths, as with the Triton kernels
-    assert not uses_flex_attention("fast", cuda, torch.float64)
-    assert not uses_flex_attention("fast", cuda, torch.float32, torch.bfloat16)
-    assert not uses_flex_attention("fast", cpu, torch.float32)  # no FlexAttention backward on CPU
-    assert not uses_flex_attention("triton", cuda, torch.float32)  # attnzoo's own Triton kernels
-    assert not uses_flex_attention("reference", cuda, torch.float32)
+    assert not takes("fast", cuda, torch.float64)
+    assert not takes("fast", cuda, torch.float32, torch.bfloat16)
+    assert not takes("fast", cpu, torch.float32)  # no FlexAttention backward on CPU
+    assert not takes("triton", cuda, torch.float32)  # attnzoo's own Triton kernels
+    assert not takes("reference", cuda, torch.float32)
+    # inductor's CUDA FlexAttention compiles heads of 16 and more
+    assert uses_flex_attention("fast", cuda, torch.float32, head_dim=16)
+    assert not uses_flex_attention("fast", cuda, torch.float32, head_dim=8)
     with pytest.raises(ValueError, match="attention_backend"):
-        uses_flex_attention("flash", cuda, torch.float32)
+        takes("flash", cuda, torch.float32)
 
 
-def _dropout_case(width: int, dropout_p: float, seed: int, length: int = 100, device: str = "cpu", tile: int = 16):
+def _dropout_case(
+    width: int, dropout_p: float, seed: int, length: int = 100, device: str = "cpu", tile: int = 16, head_dim: int = 8
+):
     """q, k, v (fp64, with gradients), a padded band BlockMask and its dense mask, and the hashed keep mask; the
     last tenth of the queries attend nothing, the second example's keys from 60% on are padding."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 2, length, 8, dtype=torch.float64, device=device, requires_grad=True) for _ in range(3))
+    shape = (2, 2, length, head_dim)
+    q, k, v = (torch.randn(shape, dtype=torch.float64, device=device, requires_grad=True) for _ in range(3))
     valid = torch.ones(2, length, dtype=torch.bool, device=device)
     valid[1, length * 6 // 10 :] = False
     silent = length * 9 // 10
@@ -183,8 +192,10 @@ def test_dropout_depends_on_the_seed_and_drops_everything_at_one():
 @pytest.mark.gpu
 def test_dropout_on_cuda_equals_the_reference_forward_and_backward():
     """The compiled kernels with the hash in their `score_mod`, in bf16, against fp32 dense attention with the same
-    mask (rows without pairs and padding included)."""
-    (q, k, v), block_mask, mask, keep_seed, keep = _dropout_case(20, 0.1, seed=5, length=256, device="cuda", tile=128)
+    mask (rows without pairs and padding included); head dim 16, the smallest the compiled kernels take."""
+    (q, k, v), block_mask, mask, keep_seed, keep = _dropout_case(
+        20, 0.1, seed=5, length=256, device="cuda", tile=128, head_dim=16
+    )
     low = [t.detach().bfloat16().requires_grad_() for t in (q, k, v)]
     high = [t.detach().float().requires_grad_() for t in low]
     out = flex_block_attention(*low, block_mask, scale=0.3, dropout_p=0.1, keep_seed=keep_seed)

@@ -121,7 +121,7 @@ def _attention(pattern: str, assignment: str, causal: bool, layer_idx: int, num_
 @pytest.fixture
 def flex_on_this_device(monkeypatch):
     """The kernel dispatch answers as on CUDA: the layer takes its FlexAttention path (forward only on CPU)."""
-    monkeypatch.setattr(st_attention, "uses_flex_attention", lambda backend, *args: backend == "fast")
+    monkeypatch.setattr(st_attention, "uses_flex_attention", lambda backend, *args, head_dim: backend == "fast")
 
 
 def _attend(attention, q, k, v, key_valid, backend):
