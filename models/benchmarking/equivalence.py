@@ -28,10 +28,11 @@ def check_equivalence(row: BenchModel, settings: BenchmarkSettings, length: int)
     atol, rtol = 1e-4, 2e-3
     try:
         torch.manual_seed(settings.seed)
-        fast = row.build(dataclasses.replace(settings.size, num_hidden_layers=1), length).to(settings.device)
+        fast = row.build_on(dataclasses.replace(settings.size, num_hidden_layers=1), length, settings.device)
         reference_config = copy.deepcopy(fast.config)
         reference_config.attention_backend = "reference"
-        reference = type(fast)(reference_config).to(settings.device).eval()
+        with torch.device(settings.device):
+            reference = type(fast)(reference_config).eval()
         reference.load_state_dict(fast.state_dict())
         inputs = make_inputs(row, settings.size, 1, length, settings.device, settings.seed)
         outputs = []

@@ -64,7 +64,7 @@ def sdpa_backend(
 
 def _model_step(row: BenchModel, size: ModelSize, length: int, device: str, dtype: torch.dtype) -> Callable[[], None]:
     """A training step of the row's model on embedded inputs without a mask (see the module docstring)."""
-    model = row.build(size, length).to(device=device, dtype=dtype).train()
+    model = row.build_on(size, length, device, dtype).train()
     inputs = make_inputs(row, size, 1, length, device, 0)
     with torch.no_grad():
         embeds = model.get_input_embeddings()(inputs["input_ids"])

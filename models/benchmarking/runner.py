@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,7 @@ from .timing import timing_sweep
 
 def run_benchmark(settings: BenchmarkSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole benchmark: header, equivalence checks, timing run(s), CPU memory subprocesses, aggregation."""
+    start = time.monotonic()
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda requested but CUDA is not available.")
     if settings.memory and settings.device == "cpu" and not os.path.exists("/proc/self/clear_refs"):
@@ -43,14 +46,20 @@ def run_benchmark(settings: BenchmarkSettings, log: Callable[[str], None] = prin
             log(f"equivalence {row.name}: {description['equivalence']}")
         models.append(description)
 
+    sweep_settings = settings
+    if settings.time_budget_s is not None:
+        # The budget is the run's: what the equivalence checks took (on CUDA, Triton's and FlexAttention's compiles
+        # for fp32) is not the sweep's to spend.
+        left = max(0.0, settings.time_budget_s - (time.monotonic() - start))
+        sweep_settings = dataclasses.replace(settings, time_budget_s=left)
     if settings.runs == 1:
-        sweeps = [timing_sweep(settings, log)]
+        sweeps = [timing_sweep(sweep_settings, log)]
     else:
         # Each run in a fresh process: allocator state, thread pools and neighbours differ, which is the point.
         sweeps = []
         for run_index in range(settings.runs):
             log(f"timing run {run_index + 1}/{settings.runs} (subprocess)")
-            process = run_worker("timing-worker", {"settings": settings.to_json()}, settings)
+            process = run_worker("timing-worker", {"settings": sweep_settings.to_json()}, settings)
             sweeps.append(collect_worker(process))
 
     memory: dict[tuple[str, int], Any] = {}

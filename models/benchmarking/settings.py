@@ -62,10 +62,11 @@ class BenchmarkSettings:
         memory_lengths: lengths to measure peak memory at (`None` = all): the CPU subprocesses, and on CUDA the
             in-process peak (four extra steps per model and length).
         memory_jobs: CPU memory subprocesses running at once (memory does not suffer from sharing the CPU).
-        max_seconds_per_step: once a step of a model exceeds this, longer lengths of that model are skipped.
+        max_seconds_per_step: once a step of a model exceeds this (the median of its timed rounds, warm-up left out),
+            longer lengths of that model are skipped.
         time_budget_s: a timing sweep starts a length only while its budget, at the pace of the previous length
             (time per token), leaves room for it; the lengths it skips are recorded as `"skipped: time budget"`.
-            `None` runs them all.
+            `None` runs them all. Counted from the start of `run_benchmark`: the equivalence checks spend from it.
         runs: repeat the timing sweep in this many fresh processes (1 = in this process).
         check_equivalence: compare each family's fast path with its reference path before timing.
     """

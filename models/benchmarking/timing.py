@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +13,7 @@ import torch
 
 from .machine import apply_threads, loadavg
 from .memory import in_process_memory
-from .rows import benchmark_models
+from .rows import BenchModel, benchmark_models
 from .settings import MODES, REFERENCE_MODEL, BenchmarkSettings
 from .workload import Workload, short_error
 
@@ -29,6 +31,15 @@ def timed(step: Callable[[], None], device: str) -> float:
     start_time = time.perf_counter()
     step()
     return time.perf_counter() - start_time
+
+
+def release_cached_memory(device: str) -> None:
+    """Hand the CUDA allocator's cached blocks back. After a sticky CUDA error (an illegal address, a device-side
+    assert) every CUDA call raises again; that must not end the sweep, whose earlier lengths are results (the
+    workloads still to run record the error)."""
+    if device == "cuda":
+        with contextlib.suppress(RuntimeError):
+            torch.cuda.empty_cache()
 
 
 Task = tuple[tuple[str, str], str]  # ((model, level), mode)
@@ -60,8 +71,7 @@ def time_interleaved(
             return timed(lambda: workload.step(mode), settings.device)
         except Exception as err:  # noqa: BLE001 - e.g. out of memory at this length; the others go on
             failed[key] = short_error(err)
-            if settings.device == "cuda":
-                torch.cuda.empty_cache()
+            release_cached_memory(settings.device)
             return None
 
     for task in tasks:
@@ -98,72 +108,107 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
     rows = benchmark_models(settings.families, settings.hf_baselines, errors={}, keep=settings.rows)
     start_load = loadavg()
     too_slow: set[tuple[str, str]] = set()
-    entries = []
+    entries: list[dict[str, Any]] = []
     deadline = None if settings.time_budget_s is None else _clock() + settings.time_budget_s
     pace = 0.0  # seconds per token of the previous length
-    for length in settings.all_lengths:
-        active = [row for row in rows if length in settings.lengths or row.kind != "hf"]
-        length_start = _clock()
-        if deadline is not None and length_start + pace * length > deadline:
-            log(f"N={length}: skipped, the time budget of {settings.time_budget_s:.0f} s leaves no room for it")
-            entries += [
-                {"model": row.name, "level": level, "length": length, "status": "skipped: time budget", "notes": []}
-                for row in active
-                for level in settings.levels
-            ]
-            continue
-        workloads: dict[tuple[str, str], Workload] = {}
-        length_entries: dict[tuple[str, str], dict[str, Any]] = {}
-        for row in active:
-            for level in settings.levels:
-                key = (row.name, level)
-                entry = {"model": row.name, "level": level, "length": length, "status": "ok", "notes": []}
-                length_entries[key] = entry
-                if key in too_slow:
-                    entry["status"] = "skipped: too slow"
-                    continue
-                try:
-                    workloads[key] = Workload(row, level, length, settings)
-                except Exception as err:  # noqa: BLE001 - record and keep benchmarking the other models
-                    entry["status"] = short_error(err)
-                    continue
-                entry["notes"] += workloads[key].notes
-                entry["attention_density"] = workloads[key].density
-                entry["parameters_bytes"] = workloads[key].parameters_bytes()
-        length_load = loadavg()
-        log(f"N={length}: timing {len(workloads)} workloads x {len(MODES)} modes, loadavg {length_load}")
-        times, warm, failed = time_interleaved(workloads, settings)
-        for key, entry in length_entries.items():
-            entry["loadavg"] = length_load
-            if key in failed:
-                entry["status"] = failed[key]
-            if entry["status"] != "ok":
+    done: set[int] = set()
+
+    def active(length: int) -> list[BenchModel]:
+        return [row for row in rows if length in settings.lengths or row.kind != "hf"]
+
+    try:
+        for length in settings.all_lengths:
+            length_start = _clock()
+            if deadline is not None and length_start + pace * length > deadline:
+                log(f"N={length}: skipped, the time budget of {settings.time_budget_s:.0f} s leaves no room for it")
+                entries += _skipped(active(length), length, settings, "skipped: time budget")
+            else:
+                entries += _length_entries(active(length), length, settings, too_slow, log)
+                pace = (_clock() - length_start) / length
+            done.add(length)
+    except KeyboardInterrupt:
+        # Ctrl-C, or `timeout -s INT` ahead of a hard time limit: the lengths measured so far are results and are
+        # reported; the one in progress and the rest are marked.
+        log("interrupted: the lengths measured so far are reported")
+        for length in settings.all_lengths:
+            if length not in done:
+                entries += _skipped(active(length), length, settings, "skipped: interrupted")
+    return {"loadavg_start": start_load, "loadavg_end": loadavg(), "entries": entries}
+
+
+def _skipped(rows: list[BenchModel], length: int, settings: BenchmarkSettings, status: str) -> list[dict[str, Any]]:
+    """The entries of rows not run at `length`, with the reason as their status."""
+    return [
+        {"model": row.name, "level": level, "length": length, "status": status, "notes": []}
+        for row in rows
+        for level in settings.levels
+    ]
+
+
+def _length_entries(
+    rows: list[BenchModel],
+    length: int,
+    settings: BenchmarkSettings,
+    too_slow: set[tuple[str, str]],
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Every (row, level) at one length: built, timed in interleaved rounds, its memory measured, then released.
+    Adds the rows whose step exceeds `settings.max_seconds_per_step` to `too_slow` (skipped at longer lengths)."""
+    workloads: dict[tuple[str, str], Workload] = {}
+    length_entries: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        for level in settings.levels:
+            key = (row.name, level)
+            entry = {"model": row.name, "level": level, "length": length, "status": "ok", "notes": []}
+            length_entries[key] = entry
+            if key in too_slow:
+                entry["status"] = "skipped: too slow"
                 continue
-            entry["times_s"] = {mode: times[key, mode] for mode in MODES}
-            entry["warmup_s"] = {mode: warm.get((key, mode)) for mode in MODES}
-            slowest = max(value for mode in MODES for value in [*times[key, mode], warm.get((key, mode), 0.0)])
-            if settings.max_seconds_per_step is not None and slowest > settings.max_seconds_per_step:
-                too_slow.add(key)
-                entry["notes"].append(f"a step took {slowest:.1f} s: longer lengths skipped")
-        for (_, level), entry in length_entries.items():
-            reference = length_entries.get((REFERENCE_MODEL, level))
-            if entry["status"] == "ok" and reference is not None and reference["status"] == "ok":
-                # Same round, same conditions: the ratio cancels whatever slowed that round down.
-                entry["ratios"] = {
-                    mode: [t / r for t, r in zip(entry["times_s"][mode], reference["times_s"][mode], strict=True)]
-                    for mode in MODES
-                }
+            try:
+                workloads[key] = Workload(row, level, length, settings)
+            except Exception as err:  # noqa: BLE001 - record and keep benchmarking the other models
+                entry["status"] = short_error(err)
+                continue
+            entry["notes"] += workloads[key].notes
+            entry["attention_density"] = workloads[key].density
+            entry["parameters_bytes"] = workloads[key].parameters_bytes()
+    length_load = loadavg()
+    log(f"N={length}: timing {len(workloads)} workloads x {len(MODES)} modes, loadavg {length_load}")
+    times, warm, failed = time_interleaved(workloads, settings)
+    for key, entry in length_entries.items():
+        entry["loadavg"] = length_load
+        if key in failed:
+            entry["status"] = failed[key]
+        if entry["status"] != "ok":
+            continue
+        entry["times_s"] = {mode: times[key, mode] for mode in MODES}
+        entry["warmup_s"] = {mode: warm.get((key, mode)) for mode in MODES}
+        # Judged on the timed rounds: a warm-up step may include compiling (Triton kernels, FlexAttention), which
+        # says nothing about a step at the next length.
+        slowest = max(statistics.median(times[key, mode]) for mode in MODES)
+        if settings.max_seconds_per_step is not None and slowest > settings.max_seconds_per_step:
+            too_slow.add(key)
+            entry["notes"].append(f"a step took {slowest:.1f} s (median of the rounds): longer lengths skipped")
+    for (_, level), entry in length_entries.items():
+        reference = length_entries.get((REFERENCE_MODEL, level))
+        if entry["status"] == "ok" and reference is not None and reference["status"] == "ok":
+            # Same round, same conditions: the ratio cancels whatever slowed that round down.
+            entry["ratios"] = {
+                mode: [t / r for t, r in zip(entry["times_s"][mode], reference["times_s"][mode], strict=True)]
+                for mode in MODES
+            }
+    try:
         for key, workload in workloads.items():
             if length_entries[key]["status"] == "ok":
                 try:
                     length_entries[key].update(in_process_memory(workload, settings))
                 except Exception as err:  # noqa: BLE001
                     length_entries[key]["notes"].append(f"memory measurement failed ({short_error(err)})")
+            workload.close()  # before the next one's peak is measured
+    finally:  # also when interrupted: the device memory goes back before anything else runs
+        for workload in workloads.values():
             workload.close()
         workloads.clear()
         gc.collect()
-        if settings.device == "cuda":
-            torch.cuda.empty_cache()
-        entries.extend(length_entries.values())
-        pace = (_clock() - length_start) / length
-    return {"loadavg_start": start_load, "loadavg_end": loadavg(), "entries": entries}
+        release_cached_memory(settings.device)
+    return list(length_entries.values())

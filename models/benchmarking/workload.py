@@ -51,7 +51,7 @@ class Workload:
         self.row, self.level, self.length = row, level, length
         self.device = settings.device
         torch.manual_seed(settings.seed)
-        self.model = row.build(settings.size, length).to(device=settings.device, dtype=settings.torch_dtype)
+        self.model = row.build_on(settings.size, length, settings.device, settings.torch_dtype)
         self.inputs = make_inputs(row, settings.size, settings.batch_size, length, settings.device, settings.seed)
         self.notes: list[str] = []
         self.density: float | None = None

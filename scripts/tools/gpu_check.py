@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
@@ -367,7 +368,15 @@ def write_readme(out: Path, summary: dict[str, Any]) -> None:
         f"({'dry run on the CPU' if summary['dry_run'] else 'CUDA, bf16'}).",
         "",
     ]
-    stages = summary["stages"]
+    # A stage that crashed has no tables: it is listed with its error instead.
+    stages = {name: stage for name, stage in summary["stages"].items() if "crashed" not in stage}
+    crashed = [
+        f"- stage `{name}` crashed: {stage['crashed']}"
+        for name, stage in summary["stages"].items()
+        if "crashed" in stage
+    ]
+    if crashed:
+        lines += [*crashed, ""]
     if "tests" in stages:
         tests = stages["tests"]
         if "collected" in tests:
@@ -436,7 +445,10 @@ def _yes(value: bool | None) -> str:
 
 
 def _git_commit() -> str | None:
-    process = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    try:  # the GPU machine's copy of the tree may come without git or without its history
+        process = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    except OSError:
+        return None
     return process.stdout.strip() or None
 
 
@@ -470,31 +482,39 @@ def main(argv: list[str] | None = None) -> int:
     base, dry = SIZES["base"], DRY_SIZE
     for stage in args.stages:
         print(f"== {stage}", flush=True)
-        if stage == "tests":
-            result = run_tests(out, args.dry_run)
-        elif stage in ("bench-small", "bench-base"):
-            result = run_bench(stage.removeprefix("bench-"), out, args)
-        elif stage == "train":
-            result = run_train(out, args, budget_end)
-        elif stage == "sanity":
-            result = gpu_speed.run_sanity(out, args.dry_run, base, dry, _budget(stage, speed_stages, deadline))
-        elif stage == "proxies":
-            result = gpu_speed.run_proxies_stage(out, args.dry_run, dry)
-        elif stage == "kernels":
-            result = gpu_speed.run_kernels(out, args.dry_run)
-        elif stage == "bench-speed":
-            budget = _budget(stage, speed_stages, deadline)
-            result, report = gpu_speed.run_bench_speed(out, args.dry_run, base, dry, budget, args.lengths)
-            result["goals"] = goals(report)
-            result["raised"] = raised_rows(report)
-            result["passed"] = not result["equivalence_failed"] and not result["raised"]
-        else:
-            result = gpu_speed.run_profile(out, args.dry_run, base, dry, _budget(stage, speed_stages, deadline))
+        try:
+            if stage == "tests":
+                result = run_tests(out, args.dry_run)
+            elif stage in ("bench-small", "bench-base"):
+                result = run_bench(stage.removeprefix("bench-"), out, args)
+            elif stage == "train":
+                result = run_train(out, args, budget_end)
+            elif stage == "sanity":
+                result = gpu_speed.run_sanity(out, args.dry_run, base, dry, _budget(stage, speed_stages, deadline))
+            elif stage == "proxies":
+                result = gpu_speed.run_proxies_stage(out, args.dry_run, dry)
+            elif stage == "kernels":
+                result = gpu_speed.run_kernels(out, args.dry_run)
+            elif stage == "bench-speed":
+                budget = _budget(stage, speed_stages, deadline)
+                result, report = gpu_speed.run_bench_speed(out, args.dry_run, base, dry, budget, args.lengths)
+                result["goals"] = goals(report)
+                result["raised"] = raised_rows(report)
+                result["passed"] = not result["equivalence_failed"] and not result["raised"]
+            else:
+                result = gpu_speed.run_profile(out, args.dry_run, base, dry, _budget(stage, speed_stages, deadline))
+        except Exception as err:  # noqa: BLE001 - a stage that crashes must not cost the later ones (scarce GPU time)
+            traceback.print_exc()
+            result = {"passed": False, "crashed": f"{type(err).__name__}: {err}"}
+        except KeyboardInterrupt:  # `timeout -s INT` before the device call's limit: keep what the run has
+            result = {"passed": False, "crashed": "interrupted (the command's time limit)"}
         summary["stages"][stage] = result
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
         write_readme(out, summary)
+        if result.get("interrupted") or result.get("crashed", "").startswith("interrupted"):
+            break  # the command's time limit is near: what ran is written
     print(f"wrote {out}")
-    return 0 if all(summary["stages"][stage]["passed"] for stage in args.stages) else 1
+    return 0 if all(summary["stages"].get(stage, {}).get("passed") for stage in args.stages) else 1
 
 
 if __name__ == "__main__":

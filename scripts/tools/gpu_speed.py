@@ -41,6 +41,7 @@ from attnzoo.benchmarking import (
 from attnzoo.benchmarking.gpu_checks import profile_step, sdpa_backend, sync_check
 from attnzoo.benchmarking.report import crossover_markdown
 from attnzoo.benchmarking.rows import benchmark_models
+from attnzoo.benchmarking.timing import release_cached_memory
 
 SPEED_STAGES = ("sanity", "proxies", "kernels", "profile", "bench-speed")
 #: Seconds each stage may take at most in the prepared run, which is also what the later stages keep in reserve while
@@ -93,8 +94,7 @@ def _setup(dry_run: bool, base: ModelSize, dry: ModelSize) -> tuple[str, torch.d
 
 def _release(device: str) -> None:
     gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    release_cached_memory(device)  # does not raise after a sticky CUDA error: the row already recorded it
 
 
 def run_sanity(out: Path, dry_run: bool, base: ModelSize, dry: ModelSize, budget: float) -> dict[str, Any]:
@@ -190,6 +190,7 @@ def run_bench_speed(
         "files": {kind: str(path.relative_to(out)) for kind, path in paths.items() if path is not None},
         "equivalence_failed": failed,
         "skipped_for_time": sorted({r["length"] for r in report["results"] if r["status"] == "skipped: time budget"}),
+        "interrupted": any(r["status"] == "skipped: interrupted" for r in report["results"]),
         "crossover": crossover_markdown(report),
     }
     return summary, report

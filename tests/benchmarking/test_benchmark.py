@@ -152,6 +152,37 @@ def test_too_slow_lengths_are_skipped() -> None:
     assert entries[64]["status"] == "skipped: too slow"
 
 
+def test_a_slow_warm_up_alone_does_not_skip_the_longer_lengths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first step that compiles (Triton, FlexAttention) takes seconds; the timed steps decide."""
+    steps = iter([5.0] + [1e-3] * 100)  # the first warm-up step, then every other one
+    monkeypatch.setattr(timing, "timed", lambda step, device: (step(), next(steps))[1])
+    settings = BenchmarkSettings(
+        families=["dense_transformer"], hf_baselines=[], rows=["dense_transformer"], lengths=[32, 64], rounds=2,
+        warmup=1, levels=["layer"], max_seconds_per_step=1.0, size=TINY, check_equivalence=False,
+    )  # fmt: skip
+    entries = {e["length"]: e for e in timing_sweep(settings)["entries"]}
+    assert entries[32]["warmup_s"]["fwd"] == 5.0 and not entries[32]["notes"]
+    assert entries[64]["status"] == "ok"
+
+
+def test_an_interrupted_sweep_reports_the_lengths_it_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C, or `timeout -s INT` ahead of a device call's limit, during N=64: N=32 is a result, the rest marked."""
+    measure = timing._length_entries
+
+    def interrupted_at_64(rows, length, *args):
+        if length == 64:
+            raise KeyboardInterrupt
+        return measure(rows, length, *args)
+
+    monkeypatch.setattr(timing, "_length_entries", interrupted_at_64)
+    settings = BenchmarkSettings(
+        families=["dense_transformer"], hf_baselines=[], rows=["dense_transformer"], lengths=[32, 64, 128], rounds=1,
+        warmup=0, levels=["layer"], size=TINY, check_equivalence=False,
+    )  # fmt: skip
+    entries = {e["length"]: e["status"] for e in timing_sweep(settings)["entries"]}
+    assert entries == {32: "ok", 64: "skipped: interrupted", 128: "skipped: interrupted"}
+
+
 def test_extra_lengths_only_for_families() -> None:
     settings = BenchmarkSettings(
         families=["dense_transformer"], hf_baselines=["bert-sdpa"], lengths=[32], extra_lengths=[64], rounds=1,

@@ -171,6 +171,31 @@ def test_dry_run_of_the_speed_plan_runs_every_stage_and_writes_its_files(gpu_che
         assert heading in readme
 
 
+def test_a_crashed_stage_costs_no_other_and_an_interrupt_keeps_what_ran(gpu_check, tmp_path, monkeypatch):
+    """One device call is all a GPU session may get: a stage that raises is recorded and the next runs; `timeout -s
+    INT` ends the run with the stages so far written."""
+    ran = []
+
+    def crash(*args, **kwargs):
+        ran.append("kernels")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def interrupted(*args, **kwargs):
+        ran.append("profile")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_check.gpu_speed, "run_kernels", crash)
+    monkeypatch.setattr(gpu_check.gpu_speed, "run_profile", interrupted)
+    argv = ["kernels", "profile", "bench-speed", "--dry-run", "--output-dir", str(tmp_path)]
+    assert gpu_check.main(argv) == 1
+    assert ran == ["kernels", "profile"], "the crash did not stop the run; the interrupt did"
+    stages = json.loads((tmp_path / "summary.json").read_text())["stages"]
+    assert stages["kernels"]["crashed"].startswith("RuntimeError: CUDA error")
+    assert stages["profile"]["crashed"].startswith("interrupted") and "bench-speed" not in stages
+    readme = (tmp_path / "README.md").read_text()
+    assert "stage `kernels` crashed: RuntimeError" in readme and "stage `profile` crashed: interrupted" in readme
+
+
 def test_stage_budgets_leave_the_later_stages_their_time(gpu_check):
     speed = list(gpu_check.PLANS["speed"])
     deadline = time.monotonic() + 450
