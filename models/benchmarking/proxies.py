@@ -165,9 +165,12 @@ def cuda_code_path(
     """The CUDA code path of `family` on `device`: on a CPU, Triton launches and FlexAttention stubbed into
     `recorder`, the CPU-only index checks unrecorded ([`CPU_ONLY_CHECKS`]), device-type choices taken as on CUDA
     ([`CUDA_BRANCHES`]) and the FlexAttention choice as on CUDA for the row's `backend` (the model itself runs
-    `"triton"`, see the module docstring); on CUDA, the run as it is."""
+    `"triton"`, see the module docstring); on CUDA, the run as it is but for FlexAttention, the same counted
+    stand-in (torch.compile refuses to run under a dispatch mode such as `recorder`, and eager FlexAttention would
+    materialise every score)."""
     if torch.device(device).type != "cpu":
-        yield
+        with stubbed_flex_attention(recorder):
+            yield
         return
     if not triton_interpreted():
         raise RuntimeError(

@@ -315,14 +315,14 @@ def stubbed_triton_launches(recorder: OpRecorder) -> Iterator[None]:
 
 @contextlib.contextmanager
 def stubbed_flex_attention(recorder: OpRecorder) -> Iterator[None]:
-    """Within the block, attnzoo's FlexAttention call on CPU tensors (`flex_attention` in `attnzoo.kernels.flex`,
-    which [`~attnzoo.kernels.flex.flex_block_attention`] calls off CUDA) is a stand-in of the compiled kernels: no
-    program runs, the launches of the forward and of the backward ([`FLEX_FORWARD_LAUNCHES`],
-    [`FLEX_BACKWARD_LAUNCHES`]) are counted in `recorder`'s current scope, the output (and with `return_aux` the
-    log-sum-exp) and the gradients are zeros of the right shape and dtype, and autograd keeps what torch's
-    FlexAttention autograd saves: q, k, v, the output and the fp32 log-sum-exp and row maxima (`(B, H, N)` each).
-    The BlockMask's tile tensors, which torch saves too, are the family's cached constants and cost no memory per
-    step: they are not saved here."""
+    """Within the block, attnzoo's FlexAttention call (`flex_attention` in `attnzoo.kernels.flex`, which
+    [`~attnzoo.kernels.flex.flex_block_attention`] calls eagerly off CUDA; on CUDA, torch.compile falls back to eager
+    under the recorder's dispatch mode and calls it too) is a stand-in of the compiled kernels: no program runs, the
+    launches of the forward and of the backward ([`FLEX_FORWARD_LAUNCHES`], [`FLEX_BACKWARD_LAUNCHES`]) are counted in
+    `recorder`'s current scope, the output (and with `return_aux` the log-sum-exp) and the gradients are zeros of the
+    right shape and dtype, and autograd keeps what torch's FlexAttention autograd saves: q, k, v, the output and the
+    fp32 log-sum-exp and row maxima (`(B, H, N)` each). The BlockMask's tile tensors, which torch saves too, are the
+    family's cached constants and cost no memory per step: they are not saved here."""
     from torch.nn.attention.flex_attention import AuxOutput
 
     from ..kernels import flex

@@ -18,6 +18,7 @@ table), each row again when its family's CUDA path changed.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -34,6 +35,7 @@ from attnzoo.benchmarking.proxies import (
     PROXY_ROWS,
     PROXY_SIZE,
     LayerProxies,
+    cuda_code_path,
     measure_layer_proxies,
     proxy_rows,
 )
@@ -44,7 +46,7 @@ from attnzoo.benchmarking.recorder import (
     stubbed_flex_attention,
     stubbed_triton_launches,
 )
-from attnzoo.kernels import gathered_attention
+from attnzoo.kernels import flex, gathered_attention
 from attnzoo.kernels.flex import flex_block_attention
 from session_once import once_per_session
 from source_checkout import load_script
@@ -315,6 +317,23 @@ def test_stubbed_flex_attention_counts_its_kernels_and_saves_what_torch_saves(mo
         "flex_attention_backward": 1,
     }
     assert recorder.total().ops == {"sum": 1, "ones_like": 1}  # the loss and its gradient seed: the stand-in runs none
+
+
+def test_on_cuda_the_compiled_flex_attention_call_is_the_counted_stand_in_too():
+    """On CUDA the proxies run the model as it is, but torch.compile refuses to run under the recorder's dispatch
+    mode: FlexAttention's compiled call (here on CPU tensors, the path CUDA takes) is the same counted stand-in."""
+    q, k, v = (torch.randn(1, 2, 256, 16, requires_grad=True) for _ in range(3))
+    block_mask = create_block_mask(lambda b, h, i, j: (i - j).abs() <= 8, 1, 2, 256, 256, device="cpu")
+    compiled = flex._compiled(flex._attention)
+    recorder = OpRecorder()
+    with warnings.catch_warnings(), cuda_code_path(recorder, "sparse_transformer", device="cuda"), recorder:
+        warnings.simplefilter("ignore")  # dynamo's note that it falls back to eager
+        compiled(q, k, v, block_mask, 0.25).sum().backward()
+    assert recorder.total().launches == {
+        "flex_attention": 1,
+        "flex_attention_backward_delta": 1,
+        "flex_attention_backward": 1,
+    }
 
 
 def test_the_sparse_transformer_rows_measure_each_cuda_path(measured):
