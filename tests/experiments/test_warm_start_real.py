@@ -275,6 +275,20 @@ def test_runner_keeps_priority_and_needs_and_stops_at_the_deadline(load_script, 
         schedule.run_jobs([job("a", "pass", needs=("b",))], tmp_path, tmp_path / "logs", sys.executable, {}, 1)
 
 
+def test_a_step_runs_alone_after_the_steps_it_needs(study, tmp_path, data_files):
+    """`run.py classify` after `run.py convert` and `run.py mlm`, each its own command: the jobs of earlier steps are
+    not in the step's batch, and their outputs are reused rather than required again."""
+    run = _study(study, tmp_path / "source", data_files, tmp_path)
+
+    def job(name: str, needs: tuple[str, ...] = ()):
+        return study.Job(name, ["-c", f"open({str(tmp_path / name)!r}, 'w')"], needs=needs)
+
+    records = run.run([job("imdb-a", needs=("convert-a", "mlm-a")), job("imdb-b", needs=("imdb-a",))])
+    ran = sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("imdb"))
+    assert {name: record["status"] for name, record in records.items()} == {"imdb-a": "done", "imdb-b": "done"}
+    assert ran == ["imdb-a", "imdb-b"]
+
+
 def test_lead_and_oracle(load_script):
     baselines = load_script(f"{STUDY}/baselines")
     sentences = ["Welcome to the call.", "Revenue rose 5% to $2 billion.", "Thanks all.", "EPS was $1.01."]

@@ -24,6 +24,7 @@ an interrupted step resumes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -120,6 +121,10 @@ class Study:
         return path if path.is_absolute() else ROOT / path
 
     def run(self, jobs: list[Job], deadline: float | None = None) -> dict[str, dict[str, Any]]:
+        # A step run by itself: the jobs it needs from earlier steps ran in those steps' own commands (a program whose
+        # input folder is missing fails with its own error, in its log).
+        names = {job.name for job in jobs}
+        jobs = [dataclasses.replace(job, needs=tuple(need for need in job.needs if need in names)) for job in jobs]
         return run_jobs(
             jobs,
             ROOT,
@@ -439,6 +444,7 @@ def collect_classify(study: Study, records: dict[str, Any]) -> dict[str, Any]:
             metrics = _metrics(study, output)
             if metrics is not None:
                 entry["accuracy"][str(seed)] = metrics["metrics"]["eval_accuracy"]
+                run["train_loss"] = metrics["metrics"].get("train_loss")  # Trainer's mean over the steps
                 run["cost"] = cost(metrics, _history(study, output), study.device)
                 run["truncated"] = {k: v for k, v in metrics["data"].items() if "truncated" in k}
             entry["runs"][str(seed)] = run
