@@ -301,7 +301,7 @@ def build_proxy_model(
     `attention_dropout`: every attention module's dropout in training, as the config's `attention_probs_dropout_prob`
     sets it (the benchmark's rows have none).
     """
-    model = row.build(size, length)
+    model = row.build_on(size, length, device)
     if attention_dropout:
         for module in model.modules():
             if isinstance(module, ZooAttention):

@@ -43,7 +43,8 @@ class BenchModel:
         thread, which takes about a second for a base-size model (ModernBERT four), at every (row, length)."""
         with torch.device(device):
             model = self.build(size, length)
-        return model if dtype is None else model.to(dtype=dtype)
+        # Also moves what a model made on the host explicitly (`device="cpu"`, `torch.from_numpy`): none does today.
+        return model.to(device=device, dtype=dtype)
 
     def describe(self) -> dict[str, Any]:
         overrides = self.overrides

@@ -63,7 +63,9 @@ def run_benchmark(settings: BenchmarkSettings, log: Callable[[str], None] = prin
             sweeps.append(collect_worker(process))
 
     memory: dict[tuple[str, int], Any] = {}
-    if settings.memory and settings.device == "cpu":
+    # After Ctrl-C (which only an in-process sweep, `runs == 1`, survives) the report is written without more work.
+    interrupted = any(sweep.get("interrupted") for sweep in sweeps)
+    if settings.memory and settings.device == "cpu" and not interrupted:
         lengths = settings.memory_lengths or settings.all_lengths
         jobs = sorted(
             {

@@ -66,7 +66,8 @@ class BenchmarkSettings:
             longer lengths of that model are skipped.
         time_budget_s: a timing sweep starts a length only while its budget, at the pace of the previous length
             (time per token), leaves room for it; the lengths it skips are recorded as `"skipped: time budget"`.
-            `None` runs them all. Counted from the start of `run_benchmark`: the equivalence checks spend from it.
+            `None` runs them all. Counted from the start of `run_benchmark`: the equivalence checks spend from it
+            (each timing run in its own process, `runs > 1`, gets what they left). The first length always runs.
         runs: repeat the timing sweep in this many fresh processes (1 = in this process).
         check_equivalence: compare each family's fast path with its reference path before timing.
     """

@@ -99,8 +99,9 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
 
     All models of one length live in this process together (fresh instances per length: HF BigBird switches itself
     to full attention for short inputs, and position tables follow the length). Returns
-    `{"loadavg_start", "loadavg_end", "entries": [...]}`; an entry has `model`, `level`, `length`, `status`, `notes`,
-    `loadavg`, `warmup_s`, `times_s` and `ratios` (per mode, one value per round), `saved_bytes`,
+    `{"loadavg_start", "loadavg_end", "entries": [...], "interrupted"}` (`interrupted`: Ctrl-C ended the sweep; the
+    lengths not measured have the status `"skipped: interrupted"`); an entry has `model`, `level`, `length`,
+    `status`, `notes`, `loadavg`, `warmup_s`, `times_s` and `ratios` (per mode, one value per round), `saved_bytes`,
     `cuda_peak_bytes`, `parameters_bytes` and `attention_density`.
     """
     apply_threads(settings)
@@ -119,8 +120,9 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
     try:
         for length in settings.all_lengths:
             length_start = _clock()
-            if deadline is not None and length_start + pace * length > deadline:
-                log(f"N={length}: skipped, the time budget of {settings.time_budget_s:.0f} s leaves no room for it")
+            # The first length always runs: a result at the shortest length beats none.
+            if deadline is not None and done and length_start + pace * length > deadline:
+                log(f"N={length}: skipped, the time budget ({settings.time_budget_s:.0f} s) leaves no room for it")
                 entries += _skipped(active(length), length, settings, "skipped: time budget")
             else:
                 entries += _length_entries(active(length), length, settings, too_slow, log)
@@ -133,7 +135,8 @@ def timing_sweep(settings: BenchmarkSettings, log: Callable[[str], None] = lambd
         for length in settings.all_lengths:
             if length not in done:
                 entries += _skipped(active(length), length, settings, "skipped: interrupted")
-    return {"loadavg_start": start_load, "loadavg_end": loadavg(), "entries": entries}
+    interrupted = len(done) < len(settings.all_lengths)
+    return {"loadavg_start": start_load, "loadavg_end": loadavg(), "entries": entries, "interrupted": interrupted}
 
 
 def _skipped(rows: list[BenchModel], length: int, settings: BenchmarkSettings, status: str) -> list[dict[str, Any]]:
@@ -156,48 +159,48 @@ def _length_entries(
     Adds the rows whose step exceeds `settings.max_seconds_per_step` to `too_slow` (skipped at longer lengths)."""
     workloads: dict[tuple[str, str], Workload] = {}
     length_entries: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        for level in settings.levels:
-            key = (row.name, level)
-            entry = {"model": row.name, "level": level, "length": length, "status": "ok", "notes": []}
-            length_entries[key] = entry
-            if key in too_slow:
-                entry["status"] = "skipped: too slow"
-                continue
-            try:
-                workloads[key] = Workload(row, level, length, settings)
-            except Exception as err:  # noqa: BLE001 - record and keep benchmarking the other models
-                entry["status"] = short_error(err)
-                continue
-            entry["notes"] += workloads[key].notes
-            entry["attention_density"] = workloads[key].density
-            entry["parameters_bytes"] = workloads[key].parameters_bytes()
-    length_load = loadavg()
-    log(f"N={length}: timing {len(workloads)} workloads x {len(MODES)} modes, loadavg {length_load}")
-    times, warm, failed = time_interleaved(workloads, settings)
-    for key, entry in length_entries.items():
-        entry["loadavg"] = length_load
-        if key in failed:
-            entry["status"] = failed[key]
-        if entry["status"] != "ok":
-            continue
-        entry["times_s"] = {mode: times[key, mode] for mode in MODES}
-        entry["warmup_s"] = {mode: warm.get((key, mode)) for mode in MODES}
-        # Judged on the timed rounds: a warm-up step may include compiling (Triton kernels, FlexAttention), which
-        # says nothing about a step at the next length.
-        slowest = max(statistics.median(times[key, mode]) for mode in MODES)
-        if settings.max_seconds_per_step is not None and slowest > settings.max_seconds_per_step:
-            too_slow.add(key)
-            entry["notes"].append(f"a step took {slowest:.1f} s (median of the rounds): longer lengths skipped")
-    for (_, level), entry in length_entries.items():
-        reference = length_entries.get((REFERENCE_MODEL, level))
-        if entry["status"] == "ok" and reference is not None and reference["status"] == "ok":
-            # Same round, same conditions: the ratio cancels whatever slowed that round down.
-            entry["ratios"] = {
-                mode: [t / r for t, r in zip(entry["times_s"][mode], reference["times_s"][mode], strict=True)]
-                for mode in MODES
-            }
     try:
+        for row in rows:
+            for level in settings.levels:
+                key = (row.name, level)
+                entry = {"model": row.name, "level": level, "length": length, "status": "ok", "notes": []}
+                length_entries[key] = entry
+                if key in too_slow:
+                    entry["status"] = "skipped: too slow"
+                    continue
+                try:
+                    workloads[key] = Workload(row, level, length, settings)
+                except Exception as err:  # noqa: BLE001 - record and keep benchmarking the other models
+                    entry["status"] = short_error(err)
+                    continue
+                entry["notes"] += workloads[key].notes
+                entry["attention_density"] = workloads[key].density
+                entry["parameters_bytes"] = workloads[key].parameters_bytes()
+        length_load = loadavg()
+        log(f"N={length}: timing {len(workloads)} workloads x {len(MODES)} modes, loadavg {length_load}")
+        times, warm, failed = time_interleaved(workloads, settings)
+        for key, entry in length_entries.items():
+            entry["loadavg"] = length_load
+            if key in failed:
+                entry["status"] = failed[key]
+            if entry["status"] != "ok":
+                continue
+            entry["times_s"] = {mode: times[key, mode] for mode in MODES}
+            entry["warmup_s"] = {mode: warm.get((key, mode)) for mode in MODES}
+            # Judged on the timed rounds: a warm-up step may include compiling (Triton kernels, FlexAttention), which
+            # says nothing about a step at the next length.
+            slowest = max(statistics.median(times[key, mode]) for mode in MODES)
+            if settings.max_seconds_per_step is not None and slowest > settings.max_seconds_per_step:
+                too_slow.add(key)
+                entry["notes"].append(f"a step took {slowest:.1f} s (median of the rounds): longer lengths skipped")
+        for (_, level), entry in length_entries.items():
+            reference = length_entries.get((REFERENCE_MODEL, level))
+            if entry["status"] == "ok" and reference is not None and reference["status"] == "ok":
+                # Same round, same conditions: the ratio cancels whatever slowed that round down.
+                entry["ratios"] = {
+                    mode: [t / r for t, r in zip(entry["times_s"][mode], reference["times_s"][mode], strict=True)]
+                    for mode in MODES
+                }
         for key, workload in workloads.items():
             if length_entries[key]["status"] == "ok":
                 try:
@@ -205,7 +208,7 @@ def _length_entries(
                 except Exception as err:  # noqa: BLE001
                     length_entries[key]["notes"].append(f"memory measurement failed ({short_error(err)})")
             workload.close()  # before the next one's peak is measured
-    finally:  # also when interrupted: the device memory goes back before anything else runs
+    finally:  # also when interrupted: the models go, and the device memory goes back
         for workload in workloads.values():
             workload.close()
         workloads.clear()

@@ -500,12 +500,13 @@ def main(argv: list[str] | None = None) -> int:
                 result, report = gpu_speed.run_bench_speed(out, args.dry_run, base, dry, budget, args.lengths)
                 result["goals"] = goals(report)
                 result["raised"] = raised_rows(report)
-                result["passed"] = not result["equivalence_failed"] and not result["raised"]
+                result["passed"] = not (result["equivalence_failed"] or result["raised"] or result["interrupted"])
             else:
                 result = gpu_speed.run_profile(out, args.dry_run, base, dry, _budget(stage, speed_stages, deadline))
         except Exception as err:  # noqa: BLE001 - a stage that crashes must not cost the later ones (scarce GPU time)
             traceback.print_exc()
-            result = {"passed": False, "crashed": f"{type(err).__name__}: {err}"}
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            result = {"passed": False, "crashed": f"{type(err).__name__}: {first_line}"}
         except KeyboardInterrupt:  # `timeout -s INT` before the device call's limit: keep what the run has
             result = {"passed": False, "crashed": "interrupted (the command's time limit)"}
         summary["stages"][stage] = result

@@ -190,7 +190,7 @@ def run_bench_speed(
         "files": {kind: str(path.relative_to(out)) for kind, path in paths.items() if path is not None},
         "equivalence_failed": failed,
         "skipped_for_time": sorted({r["length"] for r in report["results"] if r["status"] == "skipped: time budget"}),
-        "interrupted": any(r["status"] == "skipped: interrupted" for r in report["results"]),
+        "interrupted": sorted({r["length"] for r in report["results"] if r["status"] == "skipped: interrupted"}),
         "crossover": crossover_markdown(report),
     }
     return summary, report
@@ -242,7 +242,8 @@ def readme_sections(stages: dict[str, Any]) -> list[str]:
             "## benchmark, base size, with the floor and the peers",
             "",
             f"Tables: [{bench['files']['markdown']}]({bench['files']['markdown']})"
-            + (f"; lengths skipped for time: {bench['skipped_for_time']}" if bench["skipped_for_time"] else ""),
+            + (f"; lengths skipped for time: {bench['skipped_for_time']}" if bench["skipped_for_time"] else "")
+            + (f"; lengths not run, interrupted: {bench['interrupted']}" if bench.get("interrupted") else ""),
             "",
             *bench["crossover"],
             "",

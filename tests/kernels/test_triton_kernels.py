@@ -263,7 +263,7 @@ def test_edge_kernel_reads_head_split_views_in_place(device, dtype):
     for name, grad, flat_grad, length in zip("qkv", got, want_grads, (n, m, m), strict=True):
         # the (B, N, H, d) leaf's gradient, in the inputs' dtype (the leaf's is its fp32 copy)
         grad, expected = grad.to(dtype), flat_grad.view(B, H, length, D).transpose(1, 2)
-        if name == "q":
+        if name == "q" or device == "cpu":  # the interpreter adds the atomic sums in one order
             assert torch.equal(grad, expected)
         else:  # dK and dV are atomic sums: on CUDA their order, and so their rounding, differs from run to run
             torch.testing.assert_close(grad, expected)

@@ -124,6 +124,22 @@ def flex_on_this_device(monkeypatch):
     monkeypatch.setattr(st_attention, "uses_flex_attention", lambda backend, *args, head_dim: backend == "fast")
 
 
+@pytest.mark.parametrize("hidden_size,flex", [(32, False), (64, True)], ids=["head_dim_8", "head_dim_16"])
+def test_heads_narrower_than_16_keep_the_primitives_on_cuda(monkeypatch, hidden_size, flex):
+    # inductor's CUDA FlexAttention raises NotImplementedError below 16 columns per head
+    pytest.importorskip("triton")
+    dispatch = st_attention.uses_flex_attention
+
+    def as_on_cuda(backend, device, *dtypes, head_dim):
+        return dispatch(backend, torch.device("cuda"), *dtypes, head_dim=head_dim)
+
+    monkeypatch.setattr(st_attention, "uses_flex_attention", as_on_cuda)
+    attention = _attention("strided", "split", False, 0, 1, hidden_size=hidden_size)
+    attention.config.attention_backend = "fast"
+    q = k = v = torch.randn(1, 4, 64, hidden_size // 4)
+    assert attention.runs_flex(q, k, v) is flex
+
+
 def _attend(attention, q, k, v, key_valid, backend):
     attention.config.attention_backend = backend
     out = attention.attend(q, k, v, key_valid)
