@@ -43,8 +43,13 @@ def release_cached_memory(device: str) -> None:
 
 
 Task = tuple[tuple[str, str], str]  # ((model, level), mode)
-#: The clock of the sweep's time budget.
+#: The clock of the benchmark's time budget (a module attribute, so that tests can replace it).
 _clock = time.monotonic
+
+
+def clock() -> float:
+    """Seconds on the clock of the benchmark's time budget."""
+    return _clock()
 
 
 def time_interleaved(

@@ -26,6 +26,8 @@ from attnzoo.benchmarking import (
     check_equivalence,
     crossover_table,
     markdown_report,
+    run_benchmark,
+    runner,
     summarize,
     timing,
     timing_sweep,
@@ -163,6 +165,31 @@ def test_a_slow_warm_up_alone_does_not_skip_the_longer_lengths(monkeypatch: pyte
     entries = {e["length"]: e for e in timing_sweep(settings)["entries"]}
     assert entries[32]["warmup_s"]["fwd"] == 5.0 and not entries[32]["notes"]
     assert entries[64]["status"] == "ok"
+
+
+def test_the_equivalence_checks_spend_from_the_benchmarks_time_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 s of budget, 30 s of them taken by the equivalence check: at the first length's pace (10 s for 32 tokens)
+    the 20 s that 64 tokens need are no longer there."""
+    now = [0.0]
+    monkeypatch.setattr(timing, "_clock", lambda: now[0])
+
+    def slow_check(*args, **kwargs):
+        now[0] += 30.0
+        return {"passed": True}
+
+    def ten_seconds(rows, length, *args):
+        now[0] += 10.0
+        return measure(rows, length, *args)
+
+    measure = timing._length_entries
+    monkeypatch.setattr(runner, "check_equivalence", slow_check)
+    monkeypatch.setattr(timing, "_length_entries", ten_seconds)
+    settings = BenchmarkSettings(
+        families=["dense_transformer"], hf_baselines=[], rows=["dense_transformer"], lengths=[32, 64], rounds=1,
+        warmup=0, levels=["layer"], size=TINY, time_budget_s=40.0,
+    )  # fmt: skip
+    statuses = {r["length"]: r["status"] for r in run_benchmark(settings, log=lambda message: None)["results"]}
+    assert statuses == {32: "ok", 64: "skipped: time budget"}
 
 
 def test_an_interrupted_sweep_reports_the_lengths_it_measured(monkeypatch: pytest.MonkeyPatch) -> None:
