@@ -21,7 +21,9 @@ python scripts/run_mlm.py --model_name_or_path out/mlm --config_path configs/mod
 ```
 A recipe continues a small dense checkpoint at 4096 tokens: `configs/train/mlm_long_context_warm_start.yaml`.
 Outputs in `output_dir`: checkpoints, the final model and tokenizer, `metrics.json`, `log_history.json` and
-`training_curves.png`.
+`training_curves.png`. Tensors of the starting checkpoint that the masked-LM model has no place for (a converted
+BERT's pooler, which the classification head loads) are saved with the final model unchanged (`carried_keys` in
+`metrics.json`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from attnzoo.training import (
     MLMDataArguments,
     ModelArguments,
     build_model,
+    carry_unloaded_tensors,
     finish_run,
     load_mlm_texts,
     load_tokenizer,
@@ -166,6 +169,14 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
     metrics = train_and_evaluate(
         trainer, train=train_dataset is not None, evaluate=eval_dataset is not None, checkpoint=checkpoint
     )
+    if train_dataset is not None and trainer.is_world_process_zero() and model_args.model_name_or_path is not None:
+        # The saved model is the next run's start: keep what this one did not train (a converted BERT's pooler).
+        model_info["carried_keys"] = carry_unloaded_tensors(
+            model_args.model_name_or_path,
+            training_args.output_dir,
+            model_info.get("unexpected_keys", ()),
+            model_args.cache_dir,
+        )
     if "eval_loss" in metrics:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50.0))
     trainer.log_metrics("all", metrics)

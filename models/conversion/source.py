@@ -151,6 +151,13 @@ def _read_tensors(folder: Path, name_or_path: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def read_checkpoint_tensors(name_or_path: str, cache_dir: str | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor a checkpoint (a local folder, or a Hub id when the network allows it) stores, under its stored
+    name, whatever model class it was saved from."""
+    folder, _ = _local_folder(name_or_path, cache_dir)
+    return _read_tensors(folder, name_or_path)
+
+
 def load_source(name_or_path: str, cache_dir: str | None = None) -> SourceCheckpoint:
     """
     Read a BERT or RoBERTa checkpoint (a local folder, or a Hub id when the network allows it).

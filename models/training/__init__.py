@@ -29,6 +29,7 @@ from .callbacks import (  # noqa: E402
     plot_training_curves,
     setup_logging,
 )
+from .carry import carry_unloaded_tensors  # noqa: E402
 from .data import (  # noqa: E402
     GLUE_TASKS,
     DataReport,
@@ -60,6 +61,7 @@ __all__ = [
     "SummarizationDataArguments",
     "TimeLimitCallback",
     "build_model",
+    "carry_unloaded_tensors",
     "classification_metrics",
     "finish_run",
     "glue_metrics",

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer
 
 from attnzoo import FAMILIES
 from attnzoo.conversion import REPORT_FILE, ConversionReport, read_report
@@ -69,6 +70,24 @@ def test_run_mlm_continues_a_plain_bert_checkpoint(tmp_path, source_checkpoint):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["model_type"] == "bert"
     with pytest.raises(ValueError, match="position_embedding_type"):
         run_mlm.main([*args, "--config_overrides", "position_embedding_type=rotary"])
+
+
+def test_continued_pretraining_keeps_the_pooler_for_the_classifier(tmp_path, source_checkpoint):
+    # A BertModel's pooler becomes the classification head's `classifier.dense`, which the masked-LM model has no
+    # place for: the continued checkpoint must still hold it, so a classifier fine-tuned from it starts from BERT's.
+    from transformers import AutoModelForSequenceClassification
+
+    folder, bert = source_checkpoint("BertModel")
+    result = load_script("run_mlm").main(_mlm_args(folder, "sparse_transformer", tmp_path / "run"))
+    pooler = {"classifier.dense.weight", "classifier.dense.bias"}
+    assert set(result["model"]["unexpected_keys"]) == pooler
+    assert result["model"]["carried_keys"] == sorted(pooler)
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run", num_labels=2)
+    torch.testing.assert_close(classifier.classifier.dense.weight, bert.pooler.dense.weight, rtol=0, atol=0)
+    torch.testing.assert_close(classifier.classifier.dense.bias, bert.pooler.dense.bias, rtol=0, atol=0)
+    # The trained weights are the run's, not the source's.
+    trained = AutoModelForMaskedLM.from_pretrained(tmp_path / "run").model.encoder.embeddings.word_embeddings.weight
+    assert not torch.equal(trained, bert.embeddings.word_embeddings.weight)
 
 
 def test_family_needs_a_length_and_no_config_path(tmp_path, source_checkpoint):
