@@ -482,33 +482,56 @@ def summarize_output(study: Study, family: str, length: int) -> Path:
     return study.work / "ectsum" / f"{family}-{length}"
 
 
-def summarize_jobs(study: Study) -> list[Job]:
-    """BERT2BERT per family at the long length and dense at the source's: `run_summarization.py --family` converts
-    the source with `--seq2seq` (the decoder is the source's layers with fresh cross-attention)."""
+def summarize_command(
+    study: Study,
+    family: str,
+    length: int,
+    output: Path,
+    train_file: Path,
+    validation_file: Path,
+    learning_rate: float,
+    eval_samples: int | None,
+) -> list[str]:
+    """`run_summarization.py --family` at the profile's budget: the source converted with `--seq2seq` (the decoder is
+    the source's layers with fresh cross-attention) and fine-tuned on `train_file`."""
     p = study.profile
+    limit = ["--max_eval_samples", str(eval_samples)] if eval_samples else []
+    return [
+        "scripts/run_summarization.py", str(ECTSUM_RECIPE),
+        "--model_name_or_path", study.source,
+        "--family", family,
+        "--max_position_embeddings", str(length),
+        "--max_source_length", str(length),
+        "--max_target_length", str(p.target_length),
+        "--generation_max_new_tokens", str(p.new_tokens),
+        "--train_file", str(train_file),
+        "--validation_file", str(validation_file),
+        "--per_device_train_batch_size", str(p.summarize_batch),
+        "--gradient_accumulation_steps", str(p.summarize_accumulation),
+        "--per_device_eval_batch_size", str(p.eval_batch),
+        "--max_steps", str(p.summarize_steps),
+        "--learning_rate", str(learning_rate),
+        *limit,
+        "--output_dir", str(output),
+        *study.common_flags(),
+    ]  # fmt: skip
+
+
+def summarize_jobs(study: Study) -> list[Job]:
+    """BERT2BERT per family at the long length and dense at the source's, scored on the validation calls."""
     jobs = []
     for family, length in study.converted_rows():
         output = summarize_output(study, family, length)
-        limit = ["--max_eval_samples", str(p.summarize_eval)] if p.summarize_eval else []
-        command = [
-            "scripts/run_summarization.py", str(ECTSUM_RECIPE),
-            "--model_name_or_path", study.source,
-            "--family", family,
-            "--max_position_embeddings", str(length),
-            "--max_source_length", str(length),
-            "--max_target_length", str(p.target_length),
-            "--generation_max_new_tokens", str(p.new_tokens),
-            "--train_file", str(study.data / "ectsum_train.jsonl"),
-            "--validation_file", str(study.data / "ectsum_validation.jsonl"),
-            "--per_device_train_batch_size", str(p.summarize_batch),
-            "--gradient_accumulation_steps", str(p.summarize_accumulation),
-            "--per_device_eval_batch_size", str(p.eval_batch),
-            "--max_steps", str(p.summarize_steps),
-            "--learning_rate", str(p.summarize_learning_rate),
-            *limit,
-            "--output_dir", str(output),
-            *study.common_flags(),
-        ]  # fmt: skip
+        command = summarize_command(
+            study,
+            family,
+            length,
+            output,
+            study.data / "ectsum_train.jsonl",
+            study.data / "ectsum_validation.jsonl",
+            study.profile.summarize_learning_rate,
+            study.profile.summarize_eval,
+        )
         jobs.append(Job(f"ectsum-{family}-{length}", command, output))
     return jobs
 
