@@ -305,8 +305,8 @@ def test_lead_and_oracle(load_script):
 def test_data_files_keep_records_whose_text_holds_other_line_breaks(study, tmp_path):
     """A review with U+2028, U+0085 or a form feed (IMDB has them) is one record: `str.splitlines` would cut it."""
     rows = [{"text": "first\u2028second\x85third\x0cfourth\r\nfifth", "label": 1}, {"text": "plain", "label": 0}]
-    study._write_jsonl(tmp_path / "rows.jsonl", rows)
-    assert study._read_jsonl(tmp_path / "rows.jsonl") == rows
+    study.write_jsonl(tmp_path / "rows.jsonl", rows)
+    assert study.read_jsonl(tmp_path / "rows.jsonl") == rows
 
 
 def test_baselines_step_scores_every_validation_call_without_a_model(study, tmp_path, data_files, capsys):

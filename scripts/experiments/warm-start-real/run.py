@@ -155,13 +155,13 @@ def wikitext_articles(path: Path) -> list[str]:
     return [" ".join(lines) for lines in articles]
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows `_write_jsonl` wrote. Records end at newlines only: `str.splitlines` would also cut at the
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows `write_jsonl` wrote. Records end at newlines only: `str.splitlines` would also cut at the
     U+2028, U+0085 or form feed a review may hold (JSON escapes newlines in strings, not those)."""
     with path.open(encoding="utf-8", newline="\n") as handle:
         return [json.loads(line) for line in handle if line.strip()]
@@ -177,7 +177,7 @@ def step_data(study: Study) -> dict[str, Any]:
     calls = {split: read_ectsum(study.ectsum / f"{split}.jsonl.gz") for split in ("train", "validation")}
     for split, records in calls.items():
         rows = [{"id": r.id, "text": r.document, "summary": r.summary} for r in records]
-        _write_jsonl(data / f"ectsum_{split}.jsonl", rows)
+        write_jsonl(data / f"ectsum_{split}.jsonl", rows)
     articles = wikitext_articles(study.wikitext)
     cut = max(1, round(len(articles) * WIKITEXT_HOLD_OUT))
     mlm = {
@@ -185,11 +185,11 @@ def step_data(study: Study) -> dict[str, Any]:
         "validation": [r.document for r in calls["validation"]] + articles[-cut:],
     }
     for split, texts in mlm.items():
-        _write_jsonl(data / f"mlm_{split}.jsonl", [{"text": text} for text in texts])
+        write_jsonl(data / f"mlm_{split}.jsonl", [{"text": text} for text in texts])
     reviews = read_reviews(study.reviews)
     train, validation = split_reviews(reviews, study.profile.imdb_validation, seed=0)
     for split, rows in (("train", train), ("validation", validation)):
-        _write_jsonl(data / f"imdb_{split}.jsonl", [{"text": text, "label": label} for text, label in rows])
+        write_jsonl(data / f"imdb_{split}.jsonl", [{"text": text, "label": label} for text, label in rows])
     return {
         "ectsum": {split: len(records) for split, records in calls.items()},
         "mlm_texts": {
@@ -266,7 +266,7 @@ def dense_matches_source(study: Study, reviews: int = 4) -> dict[str, float]:
 
     folder = study.absolute(study.converted("dense_transformer", study.short))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    texts = [row["text"] for row in _read_jsonl(study.absolute(study.data) / "imdb_validation.jsonl")[:reviews]]
+    texts = [row["text"] for row in read_jsonl(study.absolute(study.data) / "imdb_validation.jsonl")[:reviews]]
     batch = tokenizer(texts, truncation=True, max_length=study.short, padding=True, return_tensors="pt")
     source = AutoModel.from_pretrained(study.source).eval()
     zoo = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).eval()
@@ -322,12 +322,12 @@ def mlm_jobs(study: Study) -> list[Job]:
     return jobs
 
 
-def _metrics(study: Study, output: Path) -> dict[str, Any] | None:
+def run_metrics(study: Study, output: Path) -> dict[str, Any] | None:
     path = study.absolute(output) / "metrics.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def _history(study: Study, output: Path) -> list[dict[str, Any]]:
+def run_history(study: Study, output: Path) -> list[dict[str, Any]]:
     path = study.absolute(output) / "log_history.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
 
@@ -351,9 +351,9 @@ def collect_mlm(study: Study, records: dict[str, Any]) -> dict[str, Any]:
     for family, length in study.converted_rows():
         output = mlm_output(study, family, length)
         record = dict(records.get(f"mlm-{family}-{length}", {}))
-        metrics = _metrics(study, output)
+        metrics = run_metrics(study, output)
         if metrics is not None:
-            history = _history(study, output)
+            history = run_history(study, output)
             curve = {row["step"]: row["eval_loss"] for row in history if "eval_loss" in row}
             record.update(
                 eval_loss=sorted([step, loss] for step, loss in curve.items()),
@@ -441,11 +441,11 @@ def collect_classify(study: Study, records: dict[str, Any]) -> dict[str, Any]:
         for seed in study.profile.seeds:
             output = classify_output(study, row["row"], seed)
             run = dict(records.get(f"imdb-{_slug(row['row'])}-seed{seed}", {}))
-            metrics = _metrics(study, output)
+            metrics = run_metrics(study, output)
             if metrics is not None:
                 entry["accuracy"][str(seed)] = metrics["metrics"]["eval_accuracy"]
                 run["train_loss"] = metrics["metrics"].get("train_loss")  # Trainer's mean over the steps
-                run["cost"] = cost(metrics, _history(study, output), study.device)
+                run["cost"] = cost(metrics, run_history(study, output), study.device)
                 run["truncated"] = {k: v for k, v in metrics["data"].items() if "truncated" in k}
             entry["runs"][str(seed)] = run
         rows[row["row"]] = entry
@@ -537,7 +537,7 @@ def summarize_jobs(study: Study) -> list[Job]:
 
 
 def _validation_calls(study: Study) -> list[dict[str, Any]]:
-    calls = _read_jsonl(study.absolute(study.data) / "ectsum_validation.jsonl")
+    calls = read_jsonl(study.absolute(study.data) / "ectsum_validation.jsonl")
     return calls[: study.profile.summarize_eval] if study.profile.summarize_eval else calls
 
 
@@ -560,7 +560,7 @@ def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) 
     for family, length in study.converted_rows():
         output = summarize_output(study, family, length)
         record = dict(records.get(f"ectsum-{family}-{length}", {}))
-        metrics = _metrics(study, output)
+        metrics = run_metrics(study, output)
         predictions_file = study.absolute(output) / "generated_predictions.txt"
         if metrics is not None and predictions_file.is_file():
             # One summary per line (`run_summarization.py` writes them so); a summary may hold other line breaks.
@@ -575,7 +575,7 @@ def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) 
                     {"id": call["id"], "summary": prediction, "reference": call["summary"]}
                     for call, prediction in zip(calls[:examples], predictions, strict=False)
                 ],
-                cost=cost(metrics, _history(study, output), study.device),
+                cost=cost(metrics, run_history(study, output), study.device),
             )
         result["rows"][f"{family}-{length}"] = record
     return {**result, **extractive_baselines(study, calls)}
@@ -585,7 +585,7 @@ def extractive_baselines(study: Study, calls: list[dict[str, Any]]) -> dict[str,
     """The lead (its length chosen on the training calls) and the greedy extractive oracle on `calls`, scored like the
     models' summaries. No model is involved, so any CPU computes them for the whole validation set."""
     references = [call["summary"] for call in calls]
-    train = _read_jsonl(study.absolute(study.data) / "ectsum_train.jsonl")
+    train = read_jsonl(study.absolute(study.data) / "ectsum_train.jsonl")
     k, tried = choose_lead_length([call["text"].split("\n") for call in train], [call["summary"] for call in train])
     leads = [lead(call["text"].split("\n"), k) for call in calls]
     oracles = [oracle_summary(call["text"].split("\n"), call["summary"]) for call in calls]
@@ -597,7 +597,7 @@ def extractive_baselines(study: Study, calls: list[dict[str, Any]]) -> dict[str,
 
 def step_baselines(study: Study) -> dict[str, Any]:
     """Step 3b's reference points alone, on every validation call whatever the profile scores (`run.py baselines`)."""
-    calls = _read_jsonl(study.absolute(study.data) / "ectsum_validation.jsonl")
+    calls = read_jsonl(study.absolute(study.data) / "ectsum_validation.jsonl")
     return {"validation_calls": len(calls), **extractive_baselines(study, calls)}
 
 
@@ -631,7 +631,7 @@ def ordered(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=rank)
 
 
-def _ran_on(study: Study) -> dict[str, Any]:
+def ran_on(study: Study) -> dict[str, Any]:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
@@ -659,7 +659,7 @@ def save(study: Study, step: str, record: dict[str, Any]) -> Path:
 
 def run_step(study: Study, step: str) -> dict[str, Any]:
     """Run one step (its programs, then what it measured) and save its record."""
-    started = _ran_on(study)
+    started = ran_on(study)
     if step == "data":
         record = {"ran_on": started, **step_data(study)}
     elif step == "baselines":
@@ -678,7 +678,7 @@ def run_all(study: Study) -> dict[str, Any]:
     """The data, then every program of every step side by side in `ordered` order until the profile's deadline, then
     each step's record and the tables."""
     begin = time.time()
-    started = _ran_on(study)
+    started = ran_on(study)
     save(study, "data", {"ran_on": started, **step_data(study)})
     jobs = ordered([job for step in JOBS for job in JOBS[step](study)])
     # The records and tables need about a minute after the programs (the oracle, the dense check).
