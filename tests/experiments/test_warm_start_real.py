@@ -330,6 +330,34 @@ def test_baselines_step_scores_every_validation_call_without_a_model(study, tmp_
     capsys.readouterr()
 
 
+def test_the_summarization_pilot_tunes_on_held_back_training_calls(
+    load_script, study, headless_bert, data_files, tmp_path
+):
+    """`summarize_pilot.py`: each learning rate trains on the training calls but the last ones, and is scored on
+    those before its first step and as it trains; the validation calls are never read."""
+    pilot = load_script(f"{STUDY}/summarize_pilot")
+    study.step_data(_study(study, headless_bert, data_files, tmp_path))
+    work, results = tmp_path / "work", tmp_path / "results"
+    (work / "data" / "ectsum_validation.jsonl").unlink()  # a pilot that read it would fail
+    args = ["--profile", "toy", "--source", str(headless_bert), "--work", str(work), "--results", str(results)]
+    record = pilot.main(
+        [*args, "--learning-rates", "1e-4", "1e-3", "--steps", "2", "--eval-every", "1", "--hold-out", "2"]
+    )
+
+    train = study.read_jsonl(work / "pilot" / "data" / "train.jsonl")
+    tune = study.read_jsonl(work / "pilot" / "data" / "tune.jsonl")
+    assert (len(train), len(tune)) == (8 - 2, 2) and not {c["id"] for c in train} & {c["id"] for c in tune}
+    assert json.loads((results / "summarize_pilot.json").read_text()) == record
+    assert record["held_back_calls"] == 2 and set(record["rows"]) == {"pilot-lr0.0001", "pilot-lr0.001"}
+    for row in record["rows"].values():
+        assert row["status"] == "done", row
+        assert [point["step"] for point in row["curve"]] == [0, 1, 2]
+        assert all(point["loss"] > 0 and 0 <= point["rouge2"] <= 100 for point in row["curve"])
+        assert {"rouge2", "numbers_reproduced", "distinct_2grams"} <= set(row["final"]) and row["different_summaries"] >= 1
+    with pytest.raises(ValueError, match="--hold-out must be between 1 and 7"):
+        pilot.main([*args, "--hold-out", "8"])  # every training call held back: nothing left to train on
+
+
 def test_tables_show_unfinished_rows_by_status(load_script, tmp_path):
     tables = load_script(f"{STUDY}/tables")
     ran = {"commit": "abcdef0", "device": "NVIDIA H100", "profile": "gpu"}

@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""Step 3b's learning rate, chosen on held-back training calls, never on the validation calls the study reports.
+
+    python scripts/experiments/warm-start-real/summarize_pilot.py --profile cpu --learning-rates 1e-4 3e-4
+
+The last `--hold-out` ECTSum training calls are held back and the model is fine-tuned on the others, once per learning
+rate, with the profile's batch and `--steps` steps. The row is BERT2BERT with the dense family at the source's own
+length. It is the cheapest row, and the part that step 3b trains from nothing is the same in every row: the decoder's
+fresh cross-attention. Every `--eval-every` steps, and before the first, the run is scored on the held-back calls:
+teacher-forced loss, and ROUGE of greedy summaries. At the end it is also scored on the figures reproduced and the
+number of different summaries. Needs `run.py data` first (the same `--profile` and `--work`). Writes
+`<results>/summarize_pilot.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's own modules, beside this file
+
+import run as study_run  # noqa: E402
+from budgets import PROFILES  # noqa: E402
+from schedule import Job  # noqa: E402
+
+PILOT = "pilot"
+
+
+def split_training_calls(study: study_run.Study, hold_out: int) -> tuple[Path, Path]:
+    """Write the training calls without their last `hold_out` (the pilot's training file) and those alone (its tuning
+    file) under `<work>/pilot/data`."""
+    calls = study_run.read_jsonl(study.absolute(study.data) / "ectsum_train.jsonl")
+    if not 0 < hold_out < len(calls):
+        raise ValueError(f"--hold-out must be between 1 and {len(calls) - 1} (the training calls), not {hold_out}.")
+    data = study.work / PILOT / "data"
+    train, tune = data / "train.jsonl", data / "tune.jsonl"
+    study_run.write_jsonl(study.absolute(train), calls[:-hold_out])
+    study_run.write_jsonl(study.absolute(tune), calls[-hold_out:])
+    return train, tune
+
+
+def pilot_jobs(study: study_run.Study, learning_rates: list[float], eval_every: int, hold_out: int) -> list[Job]:
+    """One `run_summarization.py` run per learning rate, evaluated on the held-back calls as it trains."""
+    train, tune = split_training_calls(study, hold_out)
+    length = study.short
+    jobs = []
+    for rate in learning_rates:
+        output = study.work / PILOT / f"dense_transformer-{length}-lr{rate:g}"
+        command = study_run.summarize_command(
+            study, "dense_transformer", length, output, train, tune, rate, eval_samples=None
+        )
+        command += ["--eval_strategy", "steps", "--eval_steps", str(eval_every), "--eval_on_start", "true"]
+        jobs.append(Job(f"pilot-lr{rate:g}", command, output))
+    return jobs
+
+
+def curve(history: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The held-back scores at each evaluation, in step order (the evaluation after training repeats the last step's,
+    and is kept once)."""
+    keys = ("eval_loss", "eval_rouge1", "eval_rouge2", "eval_rougeL")
+    points = {
+        row["step"]: {"step": row["step"], **{key.removeprefix("eval_"): row[key] for key in keys if key in row}}
+        for row in history
+        if "eval_loss" in row
+    }
+    return [points[step] for step in sorted(points)]
+
+
+def collect(study: study_run.Study, jobs: list[Job], records: dict[str, Any], tune: Path) -> dict[str, Any]:
+    """Each learning rate's curve, its final summaries scored like the study's rows, and its training cost."""
+    references = [call["summary"] for call in study_run.read_jsonl(study.absolute(tune))]
+    rows = {}
+    for job in jobs:
+        row = dict(records.get(job.name, {}))
+        metrics = study_run.run_metrics(study, job.output)
+        predictions_file = study.absolute(job.output) / "generated_predictions.txt"
+        if metrics is not None and predictions_file.is_file():
+            history = study_run.run_history(study, job.output)
+            predictions = predictions_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
+            row.update(
+                curve=curve(history),
+                train_loss=metrics["metrics"].get("train_loss"),
+                final=study_run.summary_scores(predictions, references),
+                different_summaries=len(set(predictions)),
+                examples=[
+                    {"summary": s, "reference": r} for s, r in zip(predictions[:2], references[:2], strict=True)
+                ],
+                cost=study_run.cost(metrics, history, study.device),
+            )
+        rows[job.name] = row
+    return {"held_back_calls": len(references), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", default=study_run.DEFAULT_SOURCE, help="BERT / RoBERTa folder or Hub id")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="batch, lengths, threads")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--learning-rates", type=float, nargs="+", default=[1e-4, 3e-4])
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps of each run")
+    parser.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
+    parser.add_argument("--hold-out", type=int, default=32, help="training calls held back to score on")
+    parser.add_argument(
+        "--work", type=Path, help="the study's work folder (default: outputs/warm-start-real/<profile>)"
+    )
+    parser.add_argument("--results", type=Path, help="folder of the record (default: the study's results/<profile>)")
+    args = parser.parse_args(argv)
+    profile = dataclasses.replace(PROFILES[args.profile], summarize_steps=args.steps, families=("dense_transformer",))
+    study = study_run.Study(
+        args.source,
+        profile,
+        args.work or Path("outputs") / "warm-start-real" / profile.name,
+        args.results or study_run.STUDY / "results" / profile.name,
+        args.device,
+        study_run.SHARED / "ectsum",
+        study_run.SHARED / "wikitext",
+        study_run.SHARED / "imdb",
+    )
+    started = study_run.ran_on(study)
+    jobs = pilot_jobs(study, args.learning_rates, args.eval_every, args.hold_out)
+    begin = time.time()
+    records = study.run(jobs)
+    record = {
+        "ran_on": started,
+        "wall_seconds": round(time.time() - begin, 1),
+        "steps": args.steps,
+        "batch": profile.summarize_batch * profile.summarize_accumulation,
+        **collect(study, jobs, records, study.work / PILOT / "data" / "tune.jsonl"),
+    }
+    study_run.save(study, "summarize_pilot", record)
+    return record
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
