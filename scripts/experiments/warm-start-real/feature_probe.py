@@ -6,10 +6,12 @@ mostly what the features they start from allow. This probe measures those featur
 encoder is frozen and read over the first `--train` training reviews and all held-back reviews of the study's IMDB
 split, each review read up to the model's length. A logistic regression is then fitted on the training features and
 scored on the held-back ones. Its L2 strength is chosen by 5-fold cross-validation on the training features alone.
-Two features are probed:
+Three features are probed:
 
-- `pooled`: what the classification head reads, `tanh(dense(h_[CLS]))`, with `dense` the checkpoint's
-  `classifier.dense` (BERT's pooler after a conversion, and carried through step 2);
+- `head`: what the checkpoint's classification head reads, `tanh(dense(pool(h)))`, with its own pooling
+  (`classifier_pooling`: the first token in the dense family, the mean over the tokens in the sparse ones) and
+  `dense` its `classifier.dense` (BERT's pooler after a conversion, carried through step 2);
+- `cls`: the first token's last hidden state;
 - `mean`: the mean of the last hidden states over the review's tokens.
 
     OMP_NUM_THREADS=1 python scripts/experiments/warm-start-real/feature_probe.py --work outputs/warm-start-real/cpu \\
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's own modu
 
 import run as study_run  # noqa: E402
 
-FEATURES = ("pooled", "mean")
+FEATURES = ("head", "cls", "mean")
 
 
 @torch.no_grad()
@@ -57,7 +59,9 @@ def encode(folder: Path, texts: list[str], batch_size: int = 8) -> dict[str, np.
         )
         hidden = model.model(**batch)[0]  # (B, N, D)
         valid = batch["attention_mask"].to(hidden.dtype)[..., None]  # (B, N, 1)
-        features["pooled"][rows] = torch.tanh(model.classifier.dense(hidden[:, 0])).numpy()
+        head = model.classifier
+        features["head"][rows] = torch.tanh(head.dense(head.pooler(hidden, batch["attention_mask"]))).numpy()
+        features["cls"][rows] = hidden[:, 0].numpy()
         features["mean"][rows] = ((hidden * valid).sum(1) / valid.sum(1)).numpy()
     return features
 
