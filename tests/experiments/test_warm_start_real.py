@@ -210,7 +210,7 @@ def test_the_gpu_plan_holds_every_row_cheapest_families_first(study, monkeypatch
     monkeypatch.setattr(study.Study, "short", 512)
     jobs = study.ordered([job for step in study.JOBS for job in study.JOBS[step](run)])
     names = [job.name for job in jobs]
-    assert len(names) == len(set(names)) == 7 + 7 + 20 * 3 + 7  # conversions, MLM, IMDB rows x seeds, ECTSum
+    assert len(names) == len(set(names)) == 7 + 7 + 21 * 3 + 7  # conversions, MLM, IMDB rows x seeds, ECTSum
     assert all(name.startswith("convert-") for name in names[:7])
     assert names.index("imdb-dense_transformer-warm-seed0") < names.index("imdb-smart_bird-warm-seed0")
     assert names.index("imdb-smart_bird-scratch-seed0") < names.index("imdb-dense_transformer-warm-seed1")
@@ -218,6 +218,10 @@ def test_the_gpu_plan_holds_every_row_cheapest_families_first(study, monkeypatch
     assert by_name["imdb-fsat-warm-mlm-seed2"].needs == ("mlm-fsat-4096",)
     assert by_name["mlm-fsat-4096"].needs == ("convert-fsat-4096",)
     assert "--bf16" in by_name["ectsum-dense_transformer-512"].command
+    # MiniLM at its length pooled as the long rows are (the mean), beside BERT's first token.
+    mean_row = by_name["imdb-dense_transformer-512-warm-mean-pooling-seed0"].command
+    assert mean_row[mean_row.index("--config_overrides") + 1] == "classifier_pooling=mean"
+    assert "--config_overrides" not in by_name["imdb-dense_transformer-512-warm-seed0"].command
     source_row = by_name["imdb-source-seed1"].command
     assert source_row[source_row.index("--model_name_or_path") + 1] == "minilm"
     assert source_row[source_row.index("--max_seq_length") + 1] == "512"
@@ -234,7 +238,8 @@ def test_the_gpu_plan_holds_every_row_cheapest_families_first(study, monkeypatch
         "scripts/run_glue.py": (ModelArguments, ClassificationDataArguments, TrainingArguments),
         "scripts/run_summarization.py": (ModelArguments, SummarizationDataArguments, Seq2SeqTrainingArguments),
     }
-    for name in ("mlm-sbm-4096", "imdb-a2former-scratch-seed0", "imdb-source-seed2", "ectsum-fsat-4096"):
+    names = ("mlm-sbm-4096", "imdb-a2former-scratch-seed0", "imdb-source-seed2", "ectsum-fsat-4096")
+    for name in (*names, "imdb-dense_transformer-512-warm-mean-pooling-seed1"):
         program, recipe, *flags = by_name[name].command
         assert "--bf16" in flags
         on_this_cpu = ["--use_cpu" if flag == "--bf16" else flag for flag in flags]  # bf16 needs the GPU to parse
@@ -353,7 +358,9 @@ def test_the_summarization_pilot_tunes_on_held_back_training_calls(
         assert row["status"] == "done", row
         assert [point["step"] for point in row["curve"]] == [0, 1, 2]
         assert all(point["loss"] > 0 and 0 <= point["rouge2"] <= 100 for point in row["curve"])
-        assert {"rouge2", "numbers_reproduced", "distinct_2grams"} <= set(row["final"]) and row["different_summaries"] >= 1
+        assert {"rouge2", "numbers_reproduced", "distinct_2grams"} <= set(row["final"]) and row[
+            "different_summaries"
+        ] >= 1
     with pytest.raises(ValueError, match="--hold-out must be between 1 and 7"):
         pilot.main([*args, "--hold-out", "8"])  # every training call held back: nothing left to train on
 
@@ -383,7 +390,7 @@ def test_tables_show_unfinished_rows_by_status(load_script, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # 16 programs, each importing torch and transformers; 10 minutes on a free 2-core CPU
+@pytest.mark.timeout(3600)  # 18 programs, each importing torch and transformers; 10 minutes on a free 2-core CPU
 def test_gpu_command_runs_the_study_at_toy_size_on_the_cpu(tmp_path, load_script, headless_bert, data_files):
     """The GPU command itself (pack, receive, run) with the toy budget on the CPU, one sparse family."""
     pack = load_script(f"{STUDY}/device_pack")

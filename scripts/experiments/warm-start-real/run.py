@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,8 @@ IMDB_RECIPE = RECIPES / "warm_start_real_imdb.yaml"
 ECTSUM_RECIPE = RECIPES / "warm_start_real_ectsum.yaml"
 #: The row label of transformers' own classifier on the source's weights.
 SOURCE_ROW = "source"
+#: The label suffix of the row at the source's length that pools as the sparse families do.
+MEAN_POOLING = " (mean pooling)"
 #: Fraction of the WikiText articles (the last ones) held back from continued pretraining.
 WIKITEXT_HOLD_OUT = 0.1
 STEPS = ("data", "convert", "mlm", "classify", "summarize")
@@ -390,18 +393,28 @@ def classify_rows(study: Study) -> list[dict[str, Any]]:
              "needs": (f"convert-{family}-{p.length}",)},
         ]  # fmt: skip
     short = study.converted("dense_transformer", study.short)
+    needs = (f"convert-dense_transformer-{study.short}",)
     rows += [
-        {"row": f"dense_transformer@{study.short} warm", "family": "dense_transformer", "start": "warm",
-         "length": study.short, "model": ["--model_name_or_path", str(short)],
-         "needs": (f"convert-dense_transformer-{study.short}",)},
+        {"row": short_row(study), "family": "dense_transformer", "start": "warm", "length": study.short,
+         "model": ["--model_name_or_path", str(short)], "needs": needs},
+        # The sparse families pool the mean of the tokens, the dense one (as BERT) the first token: MiniLM at its
+        # length with the same pooling as the long rows, so that a long row's lead is not the pooling's.
+        {"row": short_row(study, MEAN_POOLING), "family": "dense_transformer", "start": "warm", "length": study.short,
+         "model": ["--model_name_or_path", str(short), "--config_overrides", "classifier_pooling=mean"],
+         "needs": needs},
         {"row": SOURCE_ROW, "family": "dense_transformer", "start": "warm", "length": study.short,
          "model": ["--model_name_or_path", study.source], "needs": ()},
     ]  # fmt: skip
     return rows
 
 
+def short_row(study: Study, suffix: str = "") -> str:
+    """The label of the dense family converted at the source's length (`suffix`: its pooling when not BERT's)."""
+    return f"dense_transformer@{study.short} warm{suffix}"
+
+
 def _slug(row: str) -> str:
-    return row.replace(" ", "-").replace("+", "-").replace("@", "-")
+    return re.sub(r"[^A-Za-z0-9_]+", "-", row).strip("-")
 
 
 def classify_output(study: Study, row: str, seed: int) -> Path:
@@ -465,11 +478,12 @@ def collect_classify(study: Study, records: dict[str, Any]) -> dict[str, Any]:
             "ahead": difference.ahead,
         }
 
-    short = f"dense_transformer@{study.short} warm"
-    comparisons = [paired(short, SOURCE_ROW)]
+    mean_pooled = short_row(study, MEAN_POOLING)
+    comparisons = [paired(short_row(study), SOURCE_ROW), paired(mean_pooled, SOURCE_ROW)]
     for family in study.profile.families:
         for start in ("warm", "warm+mlm"):
-            comparisons += [paired(f"{family} {start}", SOURCE_ROW), paired(f"{family} {start}", f"{family} scratch")]
+            row = f"{family} {start}"
+            comparisons += [paired(row, SOURCE_ROW), paired(row, mean_pooled), paired(row, f"{family} scratch")]
     return {"rows": rows, "paired": [c for c in comparisons if c is not None]}
 
 
