@@ -64,7 +64,7 @@ def convert_checkpoint(
     family loads it with `from_pretrained`. A source without a masked-LM head (`BertModel`, `RobertaModel`) gets a
     fresh one tied to the embeddings, its dense layer the identity ([`init_masked_lm_head`]), so that continued
     pretraining starts from a head that reads the encoder. A source pooler is saved as `classifier.dense` for the
-    classification head.
+    classification head (`scripts/run_mlm.py` carries it through continued pretraining).
 
     Args:
         model_name_or_path (`str`): BERT or RoBERTa folder, or Hub id (downloaded only if the network allows).
