@@ -365,6 +365,26 @@ def test_the_summarization_pilot_tunes_on_held_back_training_calls(
         pilot.main([*args, "--hold-out", "8"])  # every training call held back: nothing left to train on
 
 
+def test_the_feature_probe_scores_each_feature_of_a_frozen_checkpoint(
+    load_script, study, headless_bert, data_files, tmp_path
+):
+    """`feature_probe.py` on a converted toy checkpoint: each feature probed, its spread between reviews recorded."""
+    probe = load_script(f"{STUDY}/feature_probe")
+    study.step_data(_study(study, headless_bert, data_files, tmp_path))
+    work, results = tmp_path / "work", tmp_path / "results"
+    convert_checkpoint(str(headless_bert), "sparse_transformer", LONG, work / "converted")
+    args = ["--work", str(work), "--checkpoints", "converted", "--train", "40", "--results", str(results)]
+    record = probe.main(args)
+
+    assert json.loads((results / "feature_probe.json").read_text()) == record
+    assert (record["train_reviews"], record["held_back_reviews"]) == (40, 4) and "commit" in record["ran_on"]
+    row = record["rows"]["converted"]
+    assert set(row) == {"head", "cls", "mean"}
+    for scores in row.values():
+        assert 0 <= scores["accuracy"] <= 100 and 0 < scores["cv_accuracy"] <= 100
+        assert scores["C"] > 0 and scores["spread"] > 0
+
+
 def test_tables_show_unfinished_rows_by_status(load_script, tmp_path):
     tables = load_script(f"{STUDY}/tables")
     ran = {"commit": "abcdef0", "device": "NVIDIA H100", "profile": "gpu"}

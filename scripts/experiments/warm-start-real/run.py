@@ -645,18 +645,26 @@ def ordered(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=rank)
 
 
-def ran_on(study: Study) -> dict[str, Any]:
+def git_state() -> dict[str, Any]:
+    """The checkout's commit, and whether the code (models, scripts, configs) differs from it."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "uncommitted_changes": bool(git("status", "--porcelain", "models", "scripts", "configs")),
+    }
+
+
+def ran_on(study: Study) -> dict[str, Any]:
     device = "cpu"
     if study.device == "cuda":
         import torch
 
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda (not available)"
     return {
-        "commit": git("rev-parse", "HEAD"),
-        "uncommitted_changes": bool(git("status", "--porcelain", "models", "scripts", "configs")),
+        **git_state(),
         "device": device,
         "profile": study.profile.name,
         "families": list(study.profile.families),
