@@ -50,7 +50,9 @@ def pilot_jobs(study: study_run.Study, learning_rates: list[float], eval_every: 
     length = study.short
     jobs = []
     for rate in learning_rates:
-        output = study.work / PILOT / f"dense_transformer-{length}-lr{rate:g}"
+        # Everything that changes the run is in its folder's name: a finished folder is reused, never rerun.
+        settings = f"lr{rate:g}-steps{study.profile.summarize_steps}-every{eval_every}-holdout{hold_out}"
+        output = study.work / PILOT / f"dense_transformer-{length}-{settings}"
         command = study_run.summarize_command(
             study, "dense_transformer", length, output, train, tune, rate, eval_samples=None
         )
