@@ -206,14 +206,15 @@ def _length_entries(
                     mode: [t / r for t, r in zip(entry["times_s"][mode], reference["times_s"][mode], strict=True)]
                     for mode in MODES
                 }
-        for key, workload in workloads.items():
+        for key in list(workloads):
+            workload = workloads.pop(key)  # closed here, before the next one's peak is measured
             if length_entries[key]["status"] == "ok":
                 try:
                     length_entries[key].update(in_process_memory(workload, settings))
                 except Exception as err:  # noqa: BLE001
                     length_entries[key]["notes"].append(f"memory measurement failed ({short_error(err)})")
-            workload.close()  # before the next one's peak is measured
-    finally:  # also when interrupted: the models go, and the device memory goes back
+            workload.close()
+    finally:  # also when interrupted: the models not yet closed go, and the device memory goes back
         for workload in workloads.values():
             workload.close()
         workloads.clear()
