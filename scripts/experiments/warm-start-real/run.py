@@ -565,32 +565,38 @@ def summary_scores(predictions: list[str], references: list[str]) -> dict[str, f
     )
 
 
-def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) -> dict[str, Any]:
-    """Every model row scored from its generated summaries (the same scores as the baselines), with a few summaries
-    beside their references; then the lead (its length chosen on the training calls) and the extractive oracle."""
-    calls = _validation_calls(study)
+def scored_run(study: Study, output: Path, calls: list[dict[str, Any]], examples: int) -> dict[str, Any] | None:
+    """A summarization run's last summaries of `calls` scored (the same scores as the baselines), with its first
+    `examples` summaries beside their references and its training cost; `None` when the run left no summaries."""
+    metrics = run_metrics(study, output)
+    predictions_file = study.absolute(output) / "generated_predictions.txt"
+    if metrics is None or not predictions_file.is_file():
+        return None
+    # One summary per line (`run_summarization.py` writes them so); a summary may hold other line breaks.
+    predictions = predictions_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
     references = [call["summary"] for call in calls]
+    if len(predictions) != len(references):
+        raise ValueError(f"{output}: {len(predictions)} summaries for {len(references)} scored calls")
+    return {
+        "scores": summary_scores(predictions, references),
+        "different_summaries": len(set(predictions)),
+        "truncated": {k: v for k, v in metrics["data"].items() if "truncated" in k},
+        "examples": [
+            {"id": call["id"], "summary": prediction, "reference": call["summary"]}
+            for call, prediction in zip(calls[:examples], predictions, strict=False)
+        ],
+        "cost": cost(metrics, run_history(study, output), study.device),
+    }
+
+
+def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) -> dict[str, Any]:
+    """Every model row scored from its generated summaries, with a few summaries beside their references; then the
+    lead (its length chosen on the training calls) and the extractive oracle."""
+    calls = _validation_calls(study)
     result: dict[str, Any] = {"validation_calls": len(calls), "rows": {}}
     for family, length in study.converted_rows():
-        output = summarize_output(study, family, length)
         record = dict(records.get(f"ectsum-{family}-{length}", {}))
-        metrics = run_metrics(study, output)
-        predictions_file = study.absolute(output) / "generated_predictions.txt"
-        if metrics is not None and predictions_file.is_file():
-            # One summary per line (`run_summarization.py` writes them so); a summary may hold other line breaks.
-            predictions = predictions_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
-            if len(predictions) != len(references):
-                raise ValueError(f"{output}: {len(predictions)} summaries for {len(references)} validation calls")
-            record.update(
-                scores=summary_scores(predictions, references),
-                different_summaries=len(set(predictions)),
-                truncated={k: v for k, v in metrics["data"].items() if "truncated" in k},
-                examples=[
-                    {"id": call["id"], "summary": prediction, "reference": call["summary"]}
-                    for call, prediction in zip(calls[:examples], predictions, strict=False)
-                ],
-                cost=cost(metrics, run_history(study, output), study.device),
-            )
+        record.update(scored_run(study, summarize_output(study, family, length), calls, examples) or {})
         result["rows"][f"{family}-{length}"] = record
     return {**result, **extractive_baselines(study, calls)}
 

@@ -75,27 +75,23 @@ def curve(history: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 def collect(study: study_run.Study, jobs: list[Job], records: dict[str, Any], tune: Path) -> dict[str, Any]:
     """Each learning rate's curve, its final summaries scored like the study's rows, and its training cost."""
-    references = [call["summary"] for call in study_run.read_jsonl(study.absolute(tune))]
+    calls = study_run.read_jsonl(study.absolute(tune))
     rows = {}
     for job in jobs:
         row = dict(records.get(job.name, {}))
-        metrics = study_run.run_metrics(study, job.output)
-        predictions_file = study.absolute(job.output) / "generated_predictions.txt"
-        if metrics is not None and predictions_file.is_file():
-            history = study_run.run_history(study, job.output)
-            predictions = predictions_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
+        scored = study_run.scored_run(study, job.output, calls, examples=2)
+        if scored is not None:
+            metrics = study_run.run_metrics(study, job.output)
             row.update(
-                curve=curve(history),
+                curve=curve(study_run.run_history(study, job.output)),
                 train_loss=metrics["metrics"].get("train_loss"),
-                final=study_run.summary_scores(predictions, references),
-                different_summaries=len(set(predictions)),
-                examples=[
-                    {"summary": s, "reference": r} for s, r in zip(predictions[:2], references[:2], strict=True)
-                ],
-                cost=study_run.cost(metrics, history, study.device),
+                final=scored["scores"],
+                different_summaries=scored["different_summaries"],
+                examples=scored["examples"],
+                cost=scored["cost"],
             )
         rows[job.name] = row
-    return {"held_back_calls": len(references), "rows": rows}
+    return {"held_back_calls": len(calls), "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
