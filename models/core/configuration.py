@@ -98,6 +98,11 @@ class ZooConfig(PreTrainedConfig):
             so that the decoder's hidden states reach the vocabulary the way the source checkpoint was trained to;
             `convert_checkpoint.py --seq2seq` sets it. `False` is a plain tied projection (BART's). The masked-LM
             head always has the transform.
+        copy_from_source (`bool`, *optional*, defaults to `False`):
+            Seq2seq models only: a pointer-generator output (See et al., 2017; `attnzoo.core.copy_head`): each
+            decoding step mixes the vocabulary distribution with one attention over the source's tokens, through a
+            learned gate, so that a summary can state the source's figures and names by pointing at them. The
+            model's `logits` are then the mixture's log-probabilities. `False` is the plain LM head.
         tie_word_embeddings (`bool`, *optional*, defaults to `True`):
             Tie LM heads and decoder embeddings to the encoder's token embeddings.
         use_cache (`bool`, *optional*, defaults to `True`):
@@ -137,6 +142,7 @@ class ZooConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = 3
     decoder_start_token_id: int | None = 2
     lm_head_transform: bool = False
+    copy_from_source: bool = False
     tie_word_embeddings: bool = True
     use_cache: bool = True
     is_decoder: bool = False

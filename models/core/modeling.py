@@ -23,6 +23,7 @@ from transformers.utils import logging
 from .attention import DenseAttention, ZooAttention
 from .compat import CACHE_NAME, LEGACY_CACHE_NAME, cache_field, get_cache, resolve_cache
 from .configuration import ZooConfig
+from .copy_head import SourceCopyHead
 from .heads import ClassificationHead, MaskedLMHead
 from .masking import key_valid_from_attention_mask
 from .outputs import ZooMaskedLMOutput, ZooModelOutput, ZooSeq2SeqLMOutput, ZooSequenceClassifierOutput
@@ -377,6 +378,9 @@ class Seq2SeqCore(nn.Module):
     def __init__(self, config: ZooConfig, owner: type[ZooPreTrainedModel]):
         super().__init__()
         self.encoder = owner.encoder_class(config, owner.attention_class)
+        # generate() runs the encoder alone, then decodes from its output: a head that copies from the source
+        # needs the source's ids there too.
+        self.encoder.keeps_source_ids = config.copy_from_source
         self.decoder = Decoder(config, owner.decoder_self_attention_class, owner.cross_attention_class)
 
 
@@ -402,6 +406,7 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
             }
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.copy_head = SourceCopyHead(config) if config.copy_from_source else None
         self.post_init()
 
     def get_encoder(self, modality: str | None = None) -> Encoder:
@@ -458,6 +463,9 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
                 where ignored. The loss is computed without a further shift.
             past_key_values ([`~transformers.EncoderDecoderCache`], *optional*): the cache's name before
                 transformers 5.24 (deprecated there); same as `cache`.
+
+        Returns `logits` of shape `(batch, target_len, vocab_size)`: the LM head's, or with `copy_from_source` the
+        log-probabilities of its mixture with the copy distribution (fp32).
         """
         cache = resolve_cache(cache, past_key_values)
         oa, oh, return_dict = self.resolve_output_flags(output_attentions, output_hidden_states, return_dict)
@@ -493,6 +501,14 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
             output_hidden_states=oh,
         )
         logits = self.lm_head(dec.last_hidden_state)
+        if self.copy_head is not None:
+            source_ids = input_ids if input_ids is not None else getattr(encoder_outputs, "source_ids", None)
+            if source_ids is None:
+                raise ValueError(
+                    "This model copies from its source (`copy_from_source=True`) and needs the source's token ids: "
+                    "pass `input_ids`, or `encoder_outputs` returned by its own encoder (`model.get_encoder()`)."
+                )
+            logits = self.copy_head(logits, dec.last_hidden_state, enc_states, source_ids, encoder_key_valid)
         aux_terms = [a for a in (getattr(encoder_outputs, "aux_loss", None), dec.aux_loss) if a is not None]
         aux_loss = torch.stack(aux_terms).sum() if aux_terms else None
         loss = None

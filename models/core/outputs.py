@@ -25,10 +25,14 @@ class ZooModelOutput(BaseModelOutput):
         attention_density (`torch.FloatTensor` of shape `(batch, num_layers, num_heads)`, *optional*):
             Fraction of each example's valid (query, key) pairs each head of each layer attended to; `None` for
             dense attention. Average over the batch (`.mean(0)`) for a per-layer, per-head figure.
+        source_ids (`torch.LongTensor` of shape `(batch, sequence_length)`, *optional*):
+            The input ids, kept by the encoder of a seq2seq model that copies from its source
+            (`copy_from_source`): `generate()` runs the encoder once and hands its output to every decoding step.
     """
 
     aux_loss: torch.FloatTensor | None = None
     attention_density: torch.FloatTensor | None = None
+    source_ids: torch.LongTensor | None = None
 
 
 @dataclass

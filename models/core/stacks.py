@@ -134,6 +134,8 @@ class Encoder(nn.Module):
     def __init__(self, config: ZooConfig, attention_class: type[ZooAttention]):
         super().__init__()
         self.config = config
+        # Set by a seq2seq model that copies from its source: the output then carries the input ids.
+        self.keeps_source_ids = False
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(EncoderLayer(config, attention_class, i) for i in range(config.num_hidden_layers))
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_norm else None
@@ -193,6 +195,7 @@ class Encoder(nn.Module):
             # repeats every encoder output along the batch dimension.
             aux_loss=torch.stack(aux_losses).sum() if aux_losses and self.training else None,
             attention_density=torch.stack(densities, dim=1) if len(densities) == len(self.layers) else None,
+            source_ids=input_ids if self.keeps_source_ids else None,
         )
         return out if return_dict else out.to_tuple()
 

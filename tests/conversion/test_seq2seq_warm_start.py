@@ -117,3 +117,21 @@ def test_seq2seq_warm_start_generates(tmp_path, source_checkpoint):
     with torch.no_grad():
         after = model(**inputs, labels=labels).loss
     assert torch.isfinite(before) and after < before
+
+
+def test_seq2seq_warm_start_with_a_copy_head(tmp_path, source_checkpoint):
+    """`copy_from_source=true` in the overrides: the pointer-generator head is the only new tensor beside the
+    cross-attention, and the converted model generates."""
+    folder, _ = source_checkpoint("BertForMaskedLM")
+    report = convert_checkpoint(
+        str(folder), "sparse_transformer", NEW_LENGTH, tmp_path / "out", "copy_from_source=true", seq2seq=True
+    )
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out").eval()
+    assert model.config.copy_from_source and model.copy_head is not None
+    new = {row["name"] for row in report.new}
+    assert {f"copy_head.{name}" for name in model.copy_head.state_dict()} <= new
+    assert all(name.startswith("copy_head.") or ".cross_attn" in name for name in new)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    inputs = tokenizer(["the first document is here", "and a second one"], return_tensors="pt", padding=True)
+    generated = model.generate(**inputs, max_new_tokens=6, num_beams=2, do_sample=False)
+    assert generated.shape[0] == 2 and (generated[:, 0] == tokenizer.cls_token_id).all()
