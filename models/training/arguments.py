@@ -283,7 +283,7 @@ def parse_arguments(dataclass_types: Sequence[type], argv: Sequence[str] | None 
     parser = HfArgumentParser(list(dataclass_types))
     args = list(sys.argv[1:] if argv is None else argv)
     if args and not args[0].startswith("-") and args[0].lower().endswith(RECIPE_SUFFIXES):
-        recipe = _read_recipe(Path(args.pop(0)))
+        recipe = read_recipe(Path(args.pop(0)))
         known = {action.dest for action in parser._actions}
         unknown = sorted(set(recipe) - known)
         if unknown:
@@ -296,7 +296,9 @@ def parse_arguments(dataclass_types: Sequence[type], argv: Sequence[str] | None 
     return tuple(parser.parse_args_into_dataclasses(args=args))
 
 
-def _read_recipe(path: Path) -> dict[str, Any]:
+def read_recipe(path: Path) -> dict[str, Any]:
+    """The argument names and values of a YAML/JSON recipe; `ValueError` naming the file if it is missing or is not
+    a mapping."""
     if not path.is_file():
         raise ValueError(f"Recipe file not found: '{path}'.")
     text = path.read_text(encoding="utf-8")

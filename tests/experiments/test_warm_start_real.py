@@ -345,16 +345,22 @@ def test_the_summarization_pilot_tunes_on_held_back_training_calls(
     work, results = tmp_path / "work", tmp_path / "results"
     (work / "data" / "ectsum_validation.jsonl").unlink()  # a pilot that read it would fail
     args = ["--profile", "toy", "--source", str(headless_bert), "--work", str(work), "--results", str(results)]
+    variants = ["--config-overrides", "copy_from_source=false", "copy_from_source=true"]
     record = pilot.main(
-        [*args, "--learning-rates", "1e-4", "1e-3", "--steps", "2", "--eval-every", "1", "--hold-out", "2"]
+        [*args, "--learning-rates", "1e-4", "1e-3", "--steps", "2", "--eval-every", "1", "--hold-out", "2", *variants]
     )
 
     train = study.read_jsonl(work / "pilot" / "data" / "train.jsonl")
     tune = study.read_jsonl(work / "pilot" / "data" / "tune.jsonl")
     assert (len(train), len(tune)) == (8 - 2, 2) and not {c["id"] for c in train} & {c["id"] for c in tune}
     assert json.loads((results / "summarize_pilot.json").read_text()) == record
-    assert record["held_back_calls"] == 2 and set(record["rows"]) == {"pilot-lr0.0001", "pilot-lr0.001"}
-    for row in record["rows"].values():
+    names = {f"pilot-lr{rate}-copy_from_source-{copy}" for rate in ("0.0001", "0.001") for copy in ("false", "true")}
+    copying = {name for name in names if name.endswith("true")}
+    assert record["held_back_calls"] == 2 and set(record["rows"]) == names
+    for name, row in record["rows"].items():
+        output = Path(row["command"].split("--output_dir ")[1].split()[0])
+        config = json.loads((output / "config.json").read_text())
+        assert config["copy_from_source"] == (name in copying), name
         assert row["status"] == "done", row
         assert [point["step"] for point in row["curve"]] == [0, 1, 2]
         assert all(point["loss"] > 0 and 0 <= point["rouge2"] <= 100 for point in row["curve"])

@@ -413,12 +413,13 @@ def short_row(study: Study, suffix: str = "") -> str:
     return f"dense_transformer@{study.short} warm{suffix}"
 
 
-def _slug(row: str) -> str:
+def slug(row: str) -> str:
+    """A folder or job name for a row's label."""
     return re.sub(r"[^A-Za-z0-9_]+", "-", row).strip("-")
 
 
 def classify_output(study: Study, row: str, seed: int) -> Path:
-    return study.work / "imdb" / f"{_slug(row)}-seed{seed}"
+    return study.work / "imdb" / f"{slug(row)}-seed{seed}"
 
 
 def classify_jobs(study: Study) -> list[Job]:
@@ -439,7 +440,7 @@ def classify_jobs(study: Study) -> list[Job]:
                 "--output_dir", str(output),
                 *study.common_flags(seed),
             ]  # fmt: skip
-            jobs.append(Job(f"imdb-{_slug(row['row'])}-seed{seed}", command, output, row["needs"]))
+            jobs.append(Job(f"imdb-{slug(row['row'])}-seed{seed}", command, output, row["needs"]))
     return jobs
 
 
@@ -453,7 +454,7 @@ def collect_classify(study: Study, records: dict[str, Any]) -> dict[str, Any]:
         entry["accuracy"], entry["runs"] = {}, {}
         for seed in study.profile.seeds:
             output = classify_output(study, row["row"], seed)
-            run = dict(records.get(f"imdb-{_slug(row['row'])}-seed{seed}", {}))
+            run = dict(records.get(f"imdb-{slug(row['row'])}-seed{seed}", {}))
             metrics = run_metrics(study, output)
             if metrics is not None:
                 entry["accuracy"][str(seed)] = metrics["metrics"]["eval_accuracy"]
@@ -505,11 +506,15 @@ def summarize_command(
     validation_file: Path,
     learning_rate: float,
     eval_samples: int | None,
+    config_overrides: str | None = None,
 ) -> list[str]:
     """`run_summarization.py --family` at the profile's budget: the source converted with `--seq2seq` (the decoder is
-    the source's layers with fresh cross-attention) and fine-tuned on `train_file`."""
+    the source's layers with fresh cross-attention) and fine-tuned on `train_file`; `config_overrides` are config
+    fields set at conversion (e.g. `copy_from_source=true`)."""
     p = study.profile
     limit = ["--max_eval_samples", str(eval_samples)] if eval_samples else []
+    if config_overrides:
+        limit += ["--config_overrides", config_overrides]
     return [
         "scripts/run_summarization.py", str(ECTSUM_RECIPE),
         "--model_name_or_path", study.source,

@@ -1,14 +1,17 @@
 #!/usr/bin/env python
-"""Step 3b's learning rate, chosen on held-back training calls, never on the validation calls the study reports.
+"""Step 3b's learning rate and model, chosen on held-back training calls, never on the validation calls the study
+reports.
 
-    python scripts/experiments/warm-start-real/summarize_pilot.py --profile cpu --learning-rates 1e-4 3e-4
+    python scripts/experiments/warm-start-real/summarize_pilot.py --profile cpu --learning-rates 1e-4 3e-4 \
+        --config-overrides copy_from_source=false copy_from_source=true
 
 The last `--hold-out` ECTSum training calls are held back and the model is fine-tuned on the others, once per learning
-rate, with the profile's batch and `--steps` steps. The row is BERT2BERT with the dense family at the source's own
-length. It is the cheapest row, and the part that step 3b trains from nothing is the same in every row: the decoder's
-fresh cross-attention. Every `--eval-every` steps, and before the first, the run is scored on the held-back calls:
-teacher-forced loss, and ROUGE of greedy summaries. At the end it is also scored on the figures reproduced and the
-number of different summaries. Needs `run.py data` first (the same `--profile` and `--work`). Writes
+rate and model variant (`--config-overrides`: config fields set at conversion; by default the recipe's own), with the
+profile's batch and `--steps` steps. The row is BERT2BERT with the dense family at the source's own length. It is the
+cheapest row, and the part that step 3b trains from nothing is the same in every row: the decoder's fresh
+cross-attention (and copy head). Every `--eval-every` steps, and before the first, the run is scored on the held-back
+calls: teacher-forced loss, and ROUGE of greedy summaries. At the end it is also scored on the figures reproduced and
+the number of different summaries. Needs `run.py data` first (the same `--profile` and `--work`). Writes
 `<results>/summarize_pilot.json`.
 """
 
@@ -44,20 +47,29 @@ def split_training_calls(study: study_run.Study, hold_out: int) -> tuple[Path, P
     return train, tune
 
 
-def pilot_jobs(study: study_run.Study, learning_rates: list[float], eval_every: int, hold_out: int) -> list[Job]:
-    """One `run_summarization.py` run per learning rate, evaluated on the held-back calls as it trains."""
+def pilot_jobs(
+    study: study_run.Study,
+    learning_rates: list[float],
+    eval_every: int,
+    hold_out: int,
+    config_overrides: list[str | None],
+) -> list[Job]:
+    """One `run_summarization.py` run per learning rate and model variant (the config fields set at conversion;
+    `None`: none), evaluated on the held-back calls as it trains."""
     train, tune = split_training_calls(study, hold_out)
     length = study.short
     jobs = []
-    for rate in learning_rates:
-        # Everything that changes the run is in its folder's name: a finished folder is reused, never rerun.
-        settings = f"lr{rate:g}-steps{study.profile.summarize_steps}-every{eval_every}-holdout{hold_out}"
-        output = study.work / PILOT / f"dense_transformer-{length}-{settings}"
-        command = study_run.summarize_command(
-            study, "dense_transformer", length, output, train, tune, rate, eval_samples=None
-        )
-        command += ["--eval_strategy", "steps", "--eval_steps", str(eval_every), "--eval_on_start", "true"]
-        jobs.append(Job(f"pilot-lr{rate:g}", command, output))
+    for overrides in config_overrides:
+        variant = f"-{study_run.slug(overrides)}" if overrides else ""
+        for rate in learning_rates:
+            # Everything that changes the run is in its folder's name: a finished folder is reused, never rerun.
+            settings = f"lr{rate:g}-steps{study.profile.summarize_steps}-every{eval_every}-holdout{hold_out}{variant}"
+            output = study.work / PILOT / f"dense_transformer-{length}-{settings}"
+            command = study_run.summarize_command(
+                study, "dense_transformer", length, output, train, tune, rate, None, overrides
+            )
+            command += ["--eval_strategy", "steps", "--eval_steps", str(eval_every), "--eval_on_start", "true"]
+            jobs.append(Job(f"pilot-lr{rate:g}{variant}", command, output))
     return jobs
 
 
@@ -104,6 +116,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
     parser.add_argument("--hold-out", type=int, default=32, help="training calls held back to score on")
     parser.add_argument(
+        "--config-overrides",
+        nargs="+",
+        help="model variants compared, each the config fields set at conversion, e.g. copy_from_source=false "
+        "copy_from_source=true (default: the recipe's own `config_overrides`)",
+    )
+    parser.add_argument(
         "--work", type=Path, help="the study's work folder (default: outputs/warm-start-real/<profile>)"
     )
     parser.add_argument("--results", type=Path, help="folder of the record (default: the study's results/<profile>)")
@@ -120,7 +138,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         study_run.SHARED / "imdb",
     )
     started = study_run.ran_on(study)
-    jobs = pilot_jobs(study, args.learning_rates, args.eval_every, args.hold_out)
+    from attnzoo.training.arguments import read_recipe
+
+    variants = args.config_overrides or [read_recipe(study_run.ECTSUM_RECIPE).get("config_overrides")]
+    jobs = pilot_jobs(study, args.learning_rates, args.eval_every, args.hold_out, variants)
     begin = time.time()
     records = study.run(jobs)
     record = {
