@@ -169,6 +169,8 @@ def _model_summary(config: Any, weights: list[str], checkpoint: Path, is_seq2seq
     }
     if is_seq2seq:
         summary["decoder"] = f"{config.decoder_layers} layers, max positions {config.decoder_max_position_embeddings}"
+        if config.copy_from_source:
+            summary["decoder"] += ", copy head (pointer-generator: copies tokens of the input)"
     # The method's own fields (those ZooConfig does not declare) are what distinguishes the family's checkpoints.
     shared = {item.name for item in dataclasses.fields(ZooConfig)}
     own = [item.name for item in dataclasses.fields(config) if item.name not in shared]

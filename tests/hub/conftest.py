@@ -39,13 +39,13 @@ def tokenizer():
 @pytest.fixture
 def make_checkpoint(tokenizer) -> Callable[..., Path]:
     """
-    `make_checkpoint(family, head, folder)` (`head`: a key of `Family.heads`) saves a seeded tiny model, the
-    tokenizer and a metrics.json.
+    `make_checkpoint(family, head, folder, **fields)` (`head`: a key of `Family.heads`; `fields`: config fields) saves
+    a seeded tiny model, the tokenizer and a metrics.json.
     """
 
-    def make(family: Family, head: str, folder: Path, tokenizer_files: bool = True) -> Path:
+    def make(family: Family, head: str, folder: Path, tokenizer_files: bool = True, **fields) -> Path:
         overrides = {"num_labels": 3} if head == "sequence_classification" else {}
-        config = load_config(family, "tiny", **overrides)
+        config = load_config(family, "tiny", **overrides, **fields)
         torch.manual_seed(0)
         model = family.heads[head](config).eval()
         model.save_pretrained(folder)

@@ -80,26 +80,35 @@ def test_published_folders_load_without_attnzoo_through_every_auto_class(make_ch
     package's outputs. One process for all six (a child pays about 10 s of imports) also shows that the families'
     remote modules live side by side.
     """
-    families = []
-    for family in attnzoo.FAMILIES.values():
-        heads = []
-        for head, (attribute, auto_class, output_name) in HEADS.items():
-            checkpoint = make_checkpoint(family, head, tmp_path / family.name / f"checkpoint-{head}")
-            assembled = assemble(_options(checkpoint, tmp_path / family.name / head, card_dir))
-            model = getattr(family, attribute).from_pretrained(checkpoint).eval()
-            expected = tmp_path / family.name / f"expected-{head}.pt"
-            torch.save(_expected_outputs(model, head), expected)
-            heads.append(
-                {
-                    "folder": str(assembled.folder),
-                    "auto_class": auto_class,
-                    "class_name": getattr(family, attribute).__name__,
-                    "output": output_name,
-                    "expected": str(expected),
-                    "generate_kwargs": {"max_new_tokens": 4, "do_sample": False},
-                }
-            )
-        families.append({"name": family.name, "config_class": family.config_class.__name__, "heads": heads})
+
+    def published(family, head: str, folder: Path, **fields) -> dict:
+        attribute, auto_class, output_name = HEADS[head]
+        checkpoint = make_checkpoint(family, head, folder / f"checkpoint-{head}", **fields)
+        assembled = assemble(_options(checkpoint, folder / head, card_dir))
+        model = getattr(family, attribute).from_pretrained(checkpoint).eval()
+        expected = folder / f"expected-{head}.pt"
+        torch.save(_expected_outputs(model, head), expected)
+        return {
+            "folder": str(assembled.folder),
+            "auto_class": auto_class,
+            "class_name": getattr(family, attribute).__name__,
+            "output": output_name,
+            "expected": str(expected),
+            "generate_kwargs": {"max_new_tokens": 4, "do_sample": False},
+        }
+
+    families = [
+        {
+            "name": family.name,
+            "config_class": family.config_class.__name__,
+            "heads": [published(family, head, tmp_path / family.name) for head in HEADS],
+        }
+        for family in attnzoo.FAMILIES.values()
+    ]
+    # A seq2seq model with the copy head: its module is flattened into the remote code too.
+    copying = attnzoo.FAMILIES["sparse_transformer"]
+    head = published(copying, "conditional_generation", tmp_path / "copy", copy_from_source=True)
+    families.append({"name": "copy", "config_class": copying.config_class.__name__, "heads": [head]})
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"families": families}))
     env = {
@@ -161,6 +170,15 @@ def test_generation_config_is_written_for_a_seq2seq_checkpoint_without_one(make_
     assembled = assemble(_options(checkpoint, tmp_path / "out", REPO_ROOT / "model_cards"))
     generation = json.loads((assembled.folder / "generation_config.json").read_text())
     assert generation["decoder_start_token_id"] == 2
+
+
+def test_a_copy_head_is_published_with_its_code_and_named_on_the_card(make_checkpoint, tmp_path):
+    family = attnzoo.FAMILIES["sparse_transformer"]
+    checkpoint = make_checkpoint(family, "conditional_generation", tmp_path / "checkpoint", copy_from_source=True)
+    assembled = assemble(_options(checkpoint, tmp_path / "out", REPO_ROOT / "model_cards"))
+    assert "copy head (pointer-generator" in (assembled.folder / "README.md").read_text()
+    code = "\n".join(path.read_text() for path in assembled.folder.glob("*.py"))
+    assert "class SourceCopyHead" in code
 
 
 def test_the_card_folder_must_be_named(make_checkpoint, tmp_path):
