@@ -20,6 +20,12 @@ class SourceCopyHead(nn.Module):
     30k-token softmax, which a short fine-tuning budget does not teach; here a source token is one attention weight
     away. The gate starts at one half (zero bias), so the untrained head already puts half of its mass on the
     source's tokens.
+
+    The attention's logits also get a learned, state-dependent bonus `f(s)` at every source position that follows an
+    occurrence of the token the step reads (the token just written): a figure or a name is several consecutive
+    WordPiece tokens (`$`, `7`, `.`, `80`), and once the first is written this lets the next come from the position
+    after it without the decoder having to recall where that was. It needs only the step's input token, so decoding
+    with a cache computes it as training does.
     """
 
     def __init__(self, config: ZooConfig):
@@ -28,6 +34,7 @@ class SourceCopyHead(nn.Module):
         self.query = nn.Linear(hidden, hidden)
         self.key = nn.Linear(hidden, hidden)
         self.gate = nn.Linear(2 * hidden, 1)
+        self.follow = nn.Linear(hidden, 1)
         self.scale = hidden**-0.5
 
     def forward(
@@ -37,6 +44,7 @@ class SourceCopyHead(nn.Module):
         encoder_states: torch.Tensor,
         source_ids: torch.Tensor,
         encoder_key_valid: torch.Tensor | None,
+        decoder_input_ids: torch.Tensor,
     ) -> torch.Tensor:
         """
         Args:
@@ -45,6 +53,7 @@ class SourceCopyHead(nn.Module):
             encoder_states (`torch.Tensor` of shape `(batch, source_len, hidden)`): the encoder's last states.
             source_ids (`torch.LongTensor` of shape `(batch, source_len)`): the encoder's input ids.
             encoder_key_valid (`torch.BoolTensor` of shape `(batch, source_len)`, *optional*): real source tokens.
+            decoder_input_ids (`torch.LongTensor` of shape `(batch, target_len)`): the token each step reads.
 
         Returns:
             `torch.FloatTensor` of shape `(batch, target_len, vocab_size)`: log-probabilities of the mixture, in fp32
@@ -55,8 +64,17 @@ class SourceCopyHead(nn.Module):
                 f"Copying from the source needs one source id per encoder state: ids {tuple(source_ids.shape)}, "
                 f"states {tuple(encoder_states.shape[:2])}."
             )
+        if decoder_input_ids.shape != decoder_states.shape[:2]:
+            raise ValueError(
+                f"The copy head needs each decoder step's input id: ids {tuple(decoder_input_ids.shape)}, states "
+                f"{tuple(decoder_states.shape[:2])}."
+            )
         # (batch, target_len, source_len): one head, scaled dot products of the projected states.
         scores = (self.query(decoder_states) @ self.key(encoder_states).transpose(1, 2)).float() * self.scale
+        # Position j follows an occurrence of the step's input token when source_ids[j - 1] is that token (-1: no id).
+        previous = nn.functional.pad(source_ids[:, :-1], (1, 0), value=-1)
+        follows = previous[:, None, :] == decoder_input_ids[:, :, None]
+        scores = scores + follows * self.follow(decoder_states).float()
         if encoder_key_valid is not None:
             scores = scores.masked_fill(~encoder_key_valid[:, None, :], float("-inf"))
         weights = scores.softmax(dim=-1)

@@ -508,7 +508,14 @@ class ZooForConditionalGeneration(ZooPreTrainedModel, GenerationMixin):
                     "This model copies from its source (`copy_from_source=True`) and needs the source's token ids: "
                     "pass `input_ids`, or `encoder_outputs` returned by its own encoder (`model.get_encoder()`)."
                 )
-            logits = self.copy_head(logits, dec.last_hidden_state, enc_states, source_ids, encoder_key_valid)
+            if decoder_input_ids is None:
+                raise ValueError(
+                    "The copy head (`copy_from_source=True`) reads each decoder step's input token: pass "
+                    "`decoder_input_ids` (or `labels`), not `decoder_inputs_embeds`."
+                )
+            logits = self.copy_head(
+                logits, dec.last_hidden_state, enc_states, source_ids, encoder_key_valid, decoder_input_ids
+            )
         aux_terms = [a for a in (getattr(encoder_outputs, "aux_loss", None), dec.aux_loss) if a is not None]
         aux_loss = torch.stack(aux_terms).sum() if aux_terms else None
         loss = None
