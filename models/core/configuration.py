@@ -101,7 +101,8 @@ class ZooConfig(PreTrainedConfig):
         copy_from_source (`bool`, *optional*, defaults to `False`):
             Seq2seq models only: a pointer-generator output (See et al., 2017; `attnzoo.core.copy_head`): each
             decoding step mixes the vocabulary distribution with one attention over the source's tokens, through a
-            learned gate, so that a summary can state the source's figures and names by pointing at them. The
+            learned gate, so that a summary can state the source's figures and names by pointing at them (the
+            position after the token just written gets a learned bonus: a figure is several consecutive tokens). The
             model's `logits` are then the mixture's log-probabilities. `False` is the plain LM head.
         tie_word_embeddings (`bool`, *optional*, defaults to `True`):
             Tie LM heads and decoder embeddings to the encoder's token embeddings.
