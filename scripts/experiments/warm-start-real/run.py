@@ -513,8 +513,7 @@ def summarize_command(
     fields set at conversion (e.g. `copy_from_source=true`)."""
     p = study.profile
     limit = ["--max_eval_samples", str(eval_samples)] if eval_samples else []
-    if config_overrides:
-        limit += ["--config_overrides", config_overrides]
+    overrides = ["--config_overrides", config_overrides] if config_overrides else []
     return [
         "scripts/run_summarization.py", str(ECTSUM_RECIPE),
         "--model_name_or_path", study.source,
@@ -531,6 +530,7 @@ def summarize_command(
         "--max_steps", str(p.summarize_steps),
         "--learning_rate", str(learning_rate),
         *limit,
+        *overrides,
         "--output_dir", str(output),
         *study.common_flags(),
     ]  # fmt: skip
