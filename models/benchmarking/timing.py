@@ -207,13 +207,14 @@ def _length_entries(
                     for mode in MODES
                 }
         for key in list(workloads):
-            workload = workloads.pop(key)  # closed here, before the next one's peak is measured
             if length_entries[key]["status"] == "ok":
                 try:
-                    length_entries[key].update(in_process_memory(workload, settings))
+                    length_entries[key].update(in_process_memory(workloads[key], settings))
                 except Exception as err:  # noqa: BLE001
                     length_entries[key]["notes"].append(f"memory measurement failed ({short_error(err)})")
-            workload.close()
+            # Closed before the next one's peak is measured, and only then out of the set: an interrupt during the
+            # measurement leaves it for the cleanup below.
+            workloads.pop(key).close()
     finally:  # also when interrupted: the models not yet closed go, and the device memory goes back
         for workload in workloads.values():
             workload.close()

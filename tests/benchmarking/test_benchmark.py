@@ -33,6 +33,7 @@ from attnzoo.benchmarking import (
     timing_sweep,
 )
 from attnzoo.benchmarking.variants import VARIANTS
+from attnzoo.benchmarking.workload import Workload
 from session_once import once_per_session
 from source_checkout import load_script
 
@@ -208,6 +209,32 @@ def test_an_interrupted_sweep_reports_the_lengths_it_measured(monkeypatch: pytes
     )  # fmt: skip
     entries = {e["length"]: e["status"] for e in timing_sweep(settings)["entries"]}
     assert entries == {32: "ok", 64: "skipped: interrupted", 128: "skipped: interrupted"}
+
+
+def test_an_interrupt_while_memory_is_measured_closes_every_workload_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workload being measured is still closed by the cleanup, and none is closed twice."""
+    closed: list[int] = []
+    close = Workload.close
+
+    def counted_close(self) -> None:
+        closed.append(id(self))
+        close(self)
+
+    def interrupted(workload, settings):
+        if workload.level == "model":
+            raise KeyboardInterrupt
+        return {}
+
+    monkeypatch.setattr(Workload, "close", counted_close)
+    monkeypatch.setattr(timing, "in_process_memory", interrupted)
+    settings = BenchmarkSettings(
+        families=["dense_transformer"], hf_baselines=[], rows=["dense_transformer"], lengths=[32], rounds=1,
+        warmup=0, levels=["layer", "model"], size=TINY, check_equivalence=False,
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        rows = benchmark_models(settings.families, settings.hf_baselines, errors={}, keep=settings.rows)
+        timing._length_entries(rows, 32, settings, set(), lambda message: None)
+    assert len(closed) == 2 and len(set(closed)) == 2
 
 
 def test_extra_lengths_only_for_families() -> None:
