@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Train and evaluate an attnzoo encoder-decoder on summarization with `Seq2SeqTrainer` (`predict_with_generate`),
-scored with ROUGE-1/2/L/Lsum.
+scored with ROUGE-1/2/L/Lsum, distinct bigrams and, when the references state figures, the share of them reproduced
+(`attnzoo.training.summary_metrics`).
 
 Examples:
 
@@ -53,8 +54,8 @@ from attnzoo.training import (
     finish_run,
     load_summarization_splits,
     load_tokenizer,
-    rouge_scores,
     start_run,
+    summary_metrics,
     tokenize_pairs,
     train_and_evaluate,
 )
@@ -147,7 +148,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         generated = np.where(generated < 0, tokenizer.pad_token_id, generated)
         texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
         # Score against the original reference text (its sentence lines feed ROUGE-Lsum), not decoded label ids.
-        scores = rouge_scores(texts, references[: len(texts)])
+        scores = summary_metrics(texts, references[: len(texts)])
         scores["gen_len"] = float(np.mean([(row != tokenizer.pad_token_id).sum() for row in generated]))
         if training_args.process_index == 0:
             out = Path(training_args.output_dir)

@@ -44,7 +44,7 @@ from .data import (  # noqa: E402
     split_sentences,
     tokenize_pairs,
 )
-from .metrics import classification_metrics, glue_metrics, rouge_scores  # noqa: E402
+from .metrics import classification_metrics, glue_metrics, rouge_scores, summary_metrics  # noqa: E402
 from .run import start_run, train_and_evaluate  # noqa: E402
 
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "read_story",
     "resolve_checkpoint",
     "rouge_scores",
+    "summary_metrics",
     "setup_logging",
     "start_run",
     "train_and_evaluate",

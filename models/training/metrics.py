@@ -167,3 +167,21 @@ def distinct_ngrams(texts: Sequence[str], n: int = 2) -> dict[str, float]:
         f"distinct_{n}grams": 100.0 * different / len(grams) if grams else 0.0,
         f"different_{n}grams": float(different),
     }
+
+
+def summary_metrics(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """
+    What a summarizer is scored on: [`rouge_scores`], [`distinct_ngrams`] of order 2 and, when a reference states a
+    figure, [`numbers_reproduced`] (left out otherwise, as the share is then undefined).
+
+    Args:
+        predictions (`Sequence[str]`): generated summaries.
+        references (`Sequence[str]`): their references, in the same order.
+
+    Returns:
+        `dict` of the three metrics' values, under their own keys.
+    """
+    scores = {**rouge_scores(predictions, references), **distinct_ngrams(predictions, 2)}
+    if any(extract_numbers(reference) for reference in references):
+        scores.update(numbers_reproduced(predictions, references))
+    return scores

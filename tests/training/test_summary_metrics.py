@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import BertTokenizerFast
 
-from attnzoo.training.metrics import distinct_ngrams, extract_numbers, numbers_reproduced
+from attnzoo.training.metrics import distinct_ngrams, extract_numbers, numbers_reproduced, summary_metrics
 
 
 def test_figures_are_read_as_values_and_names_are_not_figures():
@@ -56,3 +56,14 @@ def test_distinct_bigrams_tell_one_summary_for_all_from_different_ones():
     assert distinct_ngrams(["one"])["distinct_2grams"] == 0.0
     with pytest.raises(ValueError, match="positive integer"):
         distinct_ngrams(["a b"], n=0)
+
+
+def test_summary_metrics_score_the_figures_only_where_a_reference_states_one():
+    predictions, references = ["revenue rose 5% to $2.1 billion", "sees a strong year"], ["revenue up 5%.", "eps $1."]
+    scores = summary_metrics(predictions, references)
+    assert {"rouge1", "rouge2", "rougeL", "rougeLsum", "distinct_2grams", "different_2grams"} <= set(scores)
+    assert scores["numbers_reproduced"] == 50.0  # all of the first reference's figures, none of the second's
+    assert scores["numbers_scored"] == 2.0
+    # News summaries without figures: the share is undefined, so it is left out rather than an error mid-training.
+    plain = summary_metrics(["the cat sat"], ["a cat sat down"])
+    assert "numbers_reproduced" not in plain and plain["rouge1"] > 0

@@ -560,19 +560,11 @@ def _validation_calls(study: Study) -> list[dict[str, Any]]:
     return calls[: study.profile.summarize_eval] if study.profile.summarize_eval else calls
 
 
-def summary_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
-    """ROUGE-1/2/L/Lsum, the share of the reference's figures reproduced and distinct bigrams of a list of
-    summaries."""
-    from attnzoo.training.metrics import distinct_ngrams, numbers_reproduced, rouge_scores
-
-    return {**rouge_scores(predictions, references), **numbers_reproduced(predictions, references)} | (
-        distinct_ngrams(predictions, 2)
-    )
-
-
 def scored_run(study: Study, output: Path, calls: list[dict[str, Any]], examples: int) -> dict[str, Any] | None:
     """A summarization run's last summaries of `calls` scored (the same scores as the baselines), with its first
     `examples` summaries beside their references and its training cost; `None` when the run left no summaries."""
+    from attnzoo.training.metrics import summary_metrics
+
     metrics = run_metrics(study, output)
     predictions_file = study.absolute(output) / "generated_predictions.txt"
     if metrics is None or not predictions_file.is_file():
@@ -583,7 +575,7 @@ def scored_run(study: Study, output: Path, calls: list[dict[str, Any]], examples
     if len(predictions) != len(references):
         raise ValueError(f"{output}: {len(predictions)} summaries for {len(references)} scored calls")
     return {
-        "scores": summary_scores(predictions, references),
+        "scores": summary_metrics(predictions, references),
         "different_summaries": len(set(predictions)),
         "truncated": {k: v for k, v in metrics["data"].items() if "truncated" in k},
         "examples": [
@@ -609,14 +601,16 @@ def collect_summarize(study: Study, records: dict[str, Any], examples: int = 3) 
 def extractive_baselines(study: Study, calls: list[dict[str, Any]]) -> dict[str, Any]:
     """The lead (its length chosen on the training calls) and the greedy extractive oracle on `calls`, scored like the
     models' summaries. No model is involved, so any CPU computes them for the whole validation set."""
+    from attnzoo.training.metrics import summary_metrics
+
     references = [call["summary"] for call in calls]
     train = read_jsonl(study.absolute(study.data) / "ectsum_train.jsonl")
     k, tried = choose_lead_length([call["text"].split("\n") for call in train], [call["summary"] for call in train])
     leads = [lead(call["text"].split("\n"), k) for call in calls]
     oracles = [oracle_summary(call["text"].split("\n"), call["summary"]) for call in calls]
     return {
-        "lead": {"sentences": k, "train_rouge2_by_sentences": tried, "scores": summary_scores(leads, references)},
-        "oracle": {"scores": summary_scores(oracles, references)},
+        "lead": {"sentences": k, "train_rouge2_by_sentences": tried, "scores": summary_metrics(leads, references)},
+        "oracle": {"scores": summary_metrics(oracles, references)},
     }
 
 

@@ -10,8 +10,8 @@ rate and model variant (`--config-overrides`: config fields set at conversion; b
 profile's batch and `--steps` steps. The row is BERT2BERT with the dense family at the source's own length. It is the
 cheapest row, and the part that step 3b trains from nothing is the same in every row: the decoder's fresh
 cross-attention (and copy head). Every `--eval-every` steps, and before the first, the run is scored on the held-back
-calls: teacher-forced loss, and ROUGE of greedy summaries. At the end it is also scored on the figures reproduced and
-the number of different summaries. Needs `run.py data` first (the same `--profile` and `--work`). Writes
+calls: teacher-forced loss, and the ROUGE, figures reproduced and distinct bigrams of greedy summaries. At the end it
+is also scored on the number of different summaries. Needs `run.py data` first (the same `--profile` and `--work`). Writes
 `<results>/summarize_pilot.json`.
 """
 
@@ -76,7 +76,8 @@ def pilot_jobs(
 def curve(history: list[dict[str, Any]]) -> list[dict[str, float]]:
     """The held-back scores at each evaluation, in step order (the evaluation after training repeats the last step's,
     and is kept once)."""
-    keys = ("eval_loss", "eval_rouge1", "eval_rouge2", "eval_rougeL")
+    scores = ("loss", "rouge1", "rouge2", "rougeL", "numbers_reproduced", "distinct_2grams")
+    keys = tuple(f"eval_{score}" for score in scores)
     points = {
         row["step"]: {"step": row["step"], **{key.removeprefix("eval_"): row[key] for key in keys if key in row}}
         for row in history
