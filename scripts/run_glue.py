@@ -135,7 +135,11 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         callbacks=list(callbacks),
     )
     metrics = train_and_evaluate(
-        trainer, train=train_dataset is not None, evaluate=eval_dataset is not None, checkpoint=checkpoint
+        trainer,
+        train=train_dataset is not None,
+        evaluate=eval_dataset is not None,
+        checkpoint=checkpoint,
+        max_seconds=data_args.max_train_seconds,
     )
     trainer.log_metrics("all", metrics)
     extra = {"task": task, "label_names": data.label_names, "data": data.report.counts, "model": model_info}

@@ -167,7 +167,11 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         callbacks=[EpochSetterCallback(collator), *callbacks],
     )
     metrics = train_and_evaluate(
-        trainer, train=train_dataset is not None, evaluate=eval_dataset is not None, checkpoint=checkpoint
+        trainer,
+        train=train_dataset is not None,
+        evaluate=eval_dataset is not None,
+        checkpoint=checkpoint,
+        max_seconds=data_args.max_train_seconds,
     )
     if train_dataset is not None and trainer.is_world_process_zero() and model_args.model_name_or_path is not None:
         # The saved model is the next run's start: keep what this one did not train (a converted BERT's pooler).

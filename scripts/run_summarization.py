@@ -169,7 +169,11 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
         callbacks=[GenerationLengthCallback(), *callbacks],
     )
     metrics = train_and_evaluate(
-        trainer, train=train_dataset is not None, evaluate=eval_dataset is not None, checkpoint=checkpoint
+        trainer,
+        train=train_dataset is not None,
+        evaluate=eval_dataset is not None,
+        checkpoint=checkpoint,
+        max_seconds=data_args.max_train_seconds,
     )
     trainer.log_metrics("all", metrics)
     return finish_run(trainer, metrics, {"data": report.counts, "model": model_info})

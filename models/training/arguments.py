@@ -116,6 +116,13 @@ class _SourceArguments:
     max_eval_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N evaluation examples (reported in the metrics)."}
     )
+    max_train_seconds: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training after this many seconds (then save and evaluate as usual); the metrics record "
+            "the steps done and whether the limit stopped the run."
+        },
+    )
 
     def _check_source(self) -> None:
         _unset_empty_strings(self, ("dataset_name", "dataset_config_name", "train_file", "validation_file"))
@@ -127,6 +134,8 @@ class _SourceArguments:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value}.")
+        if self.max_train_seconds is not None and not self.max_train_seconds > 0:
+            raise ValueError(f"`max_train_seconds` must be a positive number, got {self.max_train_seconds}.")
 
 
 @dataclass

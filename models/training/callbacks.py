@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import transformers
 from transformers import TrainerCallback
 
@@ -73,18 +74,33 @@ class StopAtStepCallback(TrainerCallback):
 class TimeLimitCallback(TrainerCallback):
     """
     Stop training once `seconds` of wall time have passed since training began (the model is then saved as usual):
-    a fixed time budget instead of a fixed step count, e.g. for a demo or a time-limited job.
+    a fixed time budget instead of a fixed step count, e.g. for a demo or a time-limited job. `stopped` tells whether
+    the budget ended the training.
+
+    In a distributed run every process stops at the same step: each step the processes agree (one all-reduce of a
+    flag) that one of them has run out of time, since clocks that disagree by a step would leave a process waiting for
+    the others' gradients.
     """
 
     def __init__(self, seconds: float):
         self.seconds = seconds
+        self.stopped = False
         self._start: float | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._start = time.perf_counter()
+        self.stopped = False
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._start is not None and time.perf_counter() - self._start >= self.seconds:
+        if self._start is None:
+            return control
+        out_of_time = time.perf_counter() - self._start >= self.seconds
+        if args is not None and args.world_size > 1 and torch.distributed.is_initialized():
+            flag = torch.tensor([float(out_of_time)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            out_of_time = bool(flag.item())
+        if out_of_time:
+            self.stopped = True
             control.should_training_stop = True
         return control
 
