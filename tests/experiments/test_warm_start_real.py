@@ -208,7 +208,7 @@ def test_the_gpu_plan_holds_every_row_cheapest_families_first(study, monkeypatch
         "minilm", study.PROFILES["gpu"], Path("work"), Path("results"), "cuda", Path("e"), Path("w"), Path("r")
     )
     monkeypatch.setattr(study.Study, "short", 512)
-    jobs = study.ordered([job for step in study.JOBS for job in study.JOBS[step](run)])
+    jobs = study.planned_jobs(run)
     names = [job.name for job in jobs]
     assert len(names) == len(set(names)) == 7 + 7 + 21 * 3 + 7  # conversions, MLM, IMDB rows x seeds, ECTSum
     assert all(name.startswith("convert-") for name in names[:7])
@@ -247,6 +247,51 @@ def test_the_gpu_plan_holds_every_row_cheapest_families_first(study, monkeypatch
         assert parsed[-1].include_num_input_tokens_seen in ("all", True)
         if "scratch" in name:  # the recipe's checkpoint is unset: a fresh model of the converted architecture
             assert parsed[0].model_name_or_path is None and parsed[0].config_path == "work/converted/a2former-4096"
+
+
+def test_the_second_gpu_call_trains_the_ectsum_rows_alone_for_several_epochs(study, monkeypatch):
+    import dataclasses
+
+    from transformers import Seq2SeqTrainingArguments
+
+    from attnzoo.training import SummarizationDataArguments
+
+    profile = study.PROFILES["gpu-ectsum"]
+    run = study.Study("minilm", profile, Path("work"), Path("results"), "cuda", Path("e"), Path("w"), Path("r"))
+    monkeypatch.setattr(study.Study, "short", 512)
+    jobs = study.planned_jobs(run)
+    rows = [f"ectsum-{family}-4096" for family in study.COST_ORDER] + ["ectsum-dense_transformer-512"]
+    assert sorted(job.name for job in jobs) == sorted(rows)
+    assert profile.parallel >= len(jobs)  # all side by side
+    # Five epochs of the 1,681 training calls at 8 a step, each row stopping after 300 s of training if slower.
+    epochs = profile.summarize_steps * profile.summarize_batch * profile.summarize_accumulation / 1681
+    assert 4.9 < epochs < 5.1
+    programs = (ModelArguments, SummarizationDataArguments, Seq2SeqTrainingArguments)
+    for job in jobs:
+        program, recipe, *flags = job.command
+        on_this_cpu = ["--use_cpu" if flag == "--bf16" else flag for flag in flags]
+        _, data, training = parse_arguments(programs, [str(REPO_ROOT / recipe), *on_this_cpu])
+        assert (data.max_train_seconds, training.max_steps) == (300.0, profile.summarize_steps)
+    # A profile naming a step the study does not have is refused before anything runs.
+    broken = study.Study(
+        "minilm", dataclasses.replace(profile, steps=("summarise",)), Path("w"), Path("r"), "cuda", *[Path("x")] * 3
+    )
+    with pytest.raises(ValueError, match=r"unknown step\(s\) \['summarise'\]"):
+        study.planned_jobs(broken)
+
+
+def test_all_runs_and_records_only_the_profiles_steps(study, tmp_path, headless_bert, data_files, monkeypatch):
+    run = _study(study, headless_bert, data_files, tmp_path, steps=("summarize",))
+    for step in study.JOBS:  # each step's programs stand-ins that leave a file named after the step
+        job = study.Job(f"{step}-job", ["-c", f"open({str(tmp_path / step)!r}, 'w')"])
+        monkeypatch.setitem(study.JOBS, step, lambda _, job=job: [job])
+        monkeypatch.setitem(study.COLLECT, step, lambda _, records: {"jobs": sorted(records)})
+    summary = study.run_all(run)
+    assert {name: record["status"] for name, record in summary["jobs"].items()} == {"summarize-job": "done"}
+    assert [step for step in study.JOBS if (tmp_path / step).exists()] == ["summarize"]
+    records = sorted(path.name for path in (tmp_path / "results").glob("*.json"))
+    assert records == ["all.json", "data.json", "summarize.json"]
+    assert (tmp_path / "results" / "README.md").is_file()
 
 
 @pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
@@ -400,7 +445,10 @@ def test_tables_show_unfinished_rows_by_status(load_script, tmp_path):
     summarize = {
         "ran_on": ran,
         "validation_calls": 249,
-        "rows": {"sbm-4096": {"command": "python y", "status": "not started"}},
+        "rows": {
+            "sbm-4096": {"command": "python y", "status": "not started"},
+            "fsat-4096": {"scores": scores, "different_summaries": 249, "steps_trained": 700, "time_limited": True},
+        },
         "lead": {"sentences": 3, "scores": scores},
         "oracle": {"scores": scores},
     }
@@ -408,6 +456,7 @@ def test_tables_show_unfinished_rows_by_status(load_script, tmp_path):
     text = tables.write_tables(tmp_path)
     assert "| smart_bird-4096 | – | unfinished |" in text
     assert "| sbm-4096 | not started |" in text
+    assert "| fsat-4096 | 40.0 / 20.0 / 30.0 | 55.5 | 12.0 | 249 of 249 | 700 (time limit) | – | – |" in text
     assert (
         "| lead-3 (first sentences; how many chosen on the training calls) | 40.0 / 20.0 / 30.0 | 55.5 | 12.0 |"
         in text

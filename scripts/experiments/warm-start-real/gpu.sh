@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The study on one GPU: every row of every step side by side (run.py all --profile gpu), in at most 8 minutes
-# (7.5 for the study, the rest for unpacking).
+# (7.5 for the study, the rest for unpacking). PROFILE=gpu-ectsum runs step 3b alone for five epochs instead (a second
+# call: its own work folder, so that nothing of the first call's rows is reused).
 #
 # The source checkpoint, ECTSum, WikiText and the wheels the machine lacks (datasets, rouge_score, ...) do not travel
 # with the repository (MiniLM alone is 87 MB; a device call carries 64 MiB with the tree), so `device_pack.py` cuts
@@ -50,7 +51,7 @@ profile="${PROFILE:-gpu}"
 args=(all --profile "$profile" --device "${DEVICE:-cuda}" --source "$staging/payload/source"
     --ectsum "$staging/payload/ectsum" --wikitext "$staging/payload/wikitext.txt"
     --reviews "${REVIEWS:-tests/fixtures/data/imdb/train_subset_2500.tsv}"
-    --work "$staging/work" --results "$out/results" --deadline "${SECONDS_LIMIT:-450}")
+    --work "$staging/work/$profile" --results "$out/results" --deadline "${SECONDS_LIMIT:-450}")
 if [ -n "${FAMILIES:-}" ]; then
     read -ra families <<<"$FAMILIES"
     args+=(--families "${families[@]}")
@@ -60,6 +61,6 @@ if [ -n "${PARALLEL:-}" ]; then
 fi
 status=0
 "$PY" scripts/experiments/warm-start-real/run.py "${args[@]}" >"$staging/run.log" 2>&1 || status=$?
-tar -czf "$out/logs.tar.gz" -C "$staging" run.log work/logs 2>/dev/null || true
+tar -czf "$out/logs.tar.gz" -C "$staging" run.log "work/$profile/logs" 2>/dev/null || true
 echo "gpu.sh: run.py exited $status; tables in $out/results/README.md"
 exit "$status"

@@ -513,6 +513,8 @@ def summarize_command(
     fields set at conversion (e.g. `copy_from_source=true`)."""
     p = study.profile
     limit = ["--max_eval_samples", str(eval_samples)] if eval_samples else []
+    if p.summarize_train_seconds:
+        limit += ["--max_train_seconds", str(p.summarize_train_seconds)]
     overrides = ["--config_overrides", config_overrides] if config_overrides else []
     return [
         "scripts/run_summarization.py", str(ECTSUM_RECIPE),
@@ -577,6 +579,8 @@ def scored_run(study: Study, output: Path, calls: list[dict[str, Any]], examples
     return {
         "scores": summary_metrics(predictions, references),
         "different_summaries": len(set(predictions)),
+        "steps_trained": metrics.get("global_step"),
+        "time_limited": metrics["metrics"].get("train_time_limited", False),
         "truncated": {k: v for k, v in metrics["data"].items() if "truncated" in k},
         "examples": [
             {"id": call["id"], "summary": prediction, "reference": call["summary"]}
@@ -701,19 +705,27 @@ def run_step(study: Study, step: str) -> dict[str, Any]:
     return record
 
 
+def planned_jobs(study: Study) -> list[Job]:
+    """The programs of `all`: every job of the profile's steps, in `ordered` order."""
+    unknown = sorted(set(study.profile.steps) - set(JOBS))
+    if unknown:
+        raise ValueError(f"Profile {study.profile.name!r} names unknown step(s) {unknown}; choose from {list(JOBS)}.")
+    return ordered([job for step in study.profile.steps for job in JOBS[step](study)])
+
+
 def run_all(study: Study) -> dict[str, Any]:
-    """The data, then every program of every step side by side in `ordered` order until the profile's deadline, then
+    """The data, then every program of the profile's steps side by side in `ordered` order until its deadline, then
     each step's record and the tables."""
     begin = time.time()
     started = ran_on(study)
     save(study, "data", {"ran_on": started, **step_data(study)})
-    jobs = ordered([job for step in JOBS for job in JOBS[step](study)])
+    jobs = planned_jobs(study)
     # The records and tables need about a minute after the programs (the oracle, the dense check).
     deadline = begin + study.profile.deadline - 60 if study.profile.deadline else None
     records = study.run(jobs, deadline)
     wall = round(time.time() - begin, 1)
     summary = {"ran_on": started, "wall_seconds_programs": wall, "jobs": records}
-    for step in JOBS:
+    for step in study.profile.steps:
         save(study, step, {"ran_on": started, **COLLECT[step](study, records)})
     summary["wall_seconds"] = round(time.time() - begin, 1)
     save(study, "all", summary)

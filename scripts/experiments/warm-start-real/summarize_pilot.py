@@ -11,8 +11,8 @@ profile's batch and `--steps` steps. The row is BERT2BERT with the dense family 
 cheapest row, and the part that step 3b trains from nothing is the same in every row: the decoder's fresh
 cross-attention (and copy head). Every `--eval-every` steps, and before the first, the run is scored on the held-back
 calls: teacher-forced loss, and the ROUGE, figures reproduced and distinct bigrams of greedy summaries. At the end it
-is also scored on the number of different summaries. Needs `run.py data` first (the same `--profile` and `--work`). Writes
-`<results>/summarize_pilot.json`.
+is also scored on the number of different summaries. Needs `run.py data` first (the same `--profile` and `--work`).
+Writes `<results>/summarize_pilot.json`.
 """
 
 from __future__ import annotations

@@ -121,21 +121,27 @@ def _scores(scores: dict[str, float]) -> str:
     return f"{rouge} | {_number(scores['numbers_reproduced'])} | {_number(scores['distinct_2grams'])}"
 
 
+def _steps(record: dict[str, Any]) -> str:
+    """The optimizer steps a row trained, marked when its time limit stopped it before its budget."""
+    steps = record.get("steps_trained")
+    return "–" if steps is None else f"{steps} (time limit)" if record.get("time_limited") else str(steps)
+
+
 def summarize_table(summarize: dict[str, Any]) -> list[str]:
     calls = summarize.get("validation_calls")
     lines = ["## Step 3b: ECTSum validation calls", "", f"Ran on {_ran_on(summarize)}; {calls} calls scored.", ""]
     lines += [
-        "| row | ROUGE-1 / 2 / L | figures reproduced (%) | distinct bigrams (%) | different summaries | s / step "
-        "| tokens / s |",
-        "|---|---|---|---|---|---|---|",
+        "| row | ROUGE-1 / 2 / L | figures reproduced (%) | distinct bigrams (%) | different summaries | steps "
+        "| s / step | tokens / s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, record in summarize.get("rows", {}).items():
         if "scores" in record:
-            different = f"{record['different_summaries']} of {calls}"
+            different = f"{record['different_summaries']} of {calls} | {_steps(record)}"
             lines.append(f"| {name} | {_scores(record['scores'])} | {different} | {_cost(record)} |")
         else:
-            lines.append(f"| {name} | {_status(record)} | – | – | – | – | – |")
-    lines += _baseline_rows(summarize, " – | – | – |")
+            lines.append(f"| {name} | {_status(record)} | – | – | – | – | – | – |")
+    lines += _baseline_rows(summarize, " – | – | – | – |")
     examples = {name: record.get("examples", []) for name, record in summarize.get("rows", {}).items()}
     shown = next((items for items in examples.values() if items), [])
     for index, example in enumerate(shown):
