@@ -263,7 +263,7 @@ def test_the_second_gpu_call_trains_the_ectsum_rows_alone_for_several_epochs(stu
     rows = [f"ectsum-{family}-4096" for family in study.COST_ORDER] + ["ectsum-dense_transformer-512"]
     assert sorted(job.name for job in jobs) == sorted(rows)
     assert profile.parallel >= len(jobs)  # all side by side
-    # Five epochs of the 1,681 training calls at 8 a step, each row stopping after 300 s of training if slower.
+    # Five epochs of the 1,681 training calls at 8 a step, each row stopping its training 230 s before the deadline.
     epochs = profile.summarize_steps * profile.summarize_batch * profile.summarize_accumulation / 1681
     assert 4.9 < epochs < 5.1
     programs = (ModelArguments, SummarizationDataArguments, Seq2SeqTrainingArguments)
@@ -271,7 +271,12 @@ def test_the_second_gpu_call_trains_the_ectsum_rows_alone_for_several_epochs(stu
         program, recipe, *flags = job.command
         on_this_cpu = ["--use_cpu" if flag == "--bf16" else flag for flag in flags]
         _, data, training = parse_arguments(programs, [str(REPO_ROOT / recipe), *on_this_cpu])
-        assert (data.max_train_seconds, training.max_steps) == (300.0, profile.summarize_steps)
+        assert (data.max_train_seconds, training.max_steps) == (220.0, profile.summarize_steps)
+    # A shorter deadline (`gpu.sh`'s SECONDS_LIMIT) shortens the training, and one too short for any is refused.
+    assert dataclasses.replace(profile, deadline=330).summarize_time_limit() == 100
+    with pytest.raises(ValueError, match="A deadline of 200 s leaves no training time after the 230 s"):
+        dataclasses.replace(profile, deadline=200).summarize_time_limit()
+    assert study.PROFILES["gpu"].summarize_time_limit() is None
     # A profile naming a step the study does not have is refused before anything runs.
     broken = study.Study(
         "minilm", dataclasses.replace(profile, steps=("summarise",)), Path("w"), Path("r"), "cuda", *[Path("x")] * 3

@@ -513,8 +513,8 @@ def summarize_command(
     fields set at conversion (e.g. `copy_from_source=true`)."""
     p = study.profile
     limit = ["--max_eval_samples", str(eval_samples)] if eval_samples else []
-    if p.summarize_train_seconds:
-        limit += ["--max_train_seconds", str(p.summarize_train_seconds)]
+    if p.summarize_time_limit() is not None:
+        limit += ["--max_train_seconds", str(p.summarize_time_limit())]
     overrides = ["--config_overrides", config_overrides] if config_overrides else []
     return [
         "scripts/run_summarization.py", str(ECTSUM_RECIPE),
