@@ -1,5 +1,5 @@
 """`scripts/run_summarization.py`: CNN/DailyMail `.story` files and PubMed JSON lines end to end, with generation and
-ROUGE, long inputs, generation settings saved, and learning on a small overfit run."""
+ROUGE, long inputs, generation settings saved, a wall-time limit, and learning on a small overfit run."""
 
 from __future__ import annotations
 
@@ -55,6 +55,19 @@ def test_run_summarization_cnndm_stories_smoke(tmp_path, data_dir, load_script, 
     generation = json.loads((tmp_path / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["no_repeat_ngram_size"], generation["max_new_tokens"]) == (2, 2, 8)
     assert generation.get("max_length") is None
+
+
+def test_run_summarization_stops_on_its_time_limit_and_says_so(tmp_path, data_dir, load_script, quiet_args):
+    argv = [*_cnndm(data_dir), *_tiny_run(quiet_args), "--max_steps", "3"]
+    script = load_script("run_summarization")
+    limited = script.main([*argv, "--max_train_seconds", "1e-6", "--output_dir", str(tmp_path / "limited")])
+    # The budget is checked after each step: the first step ends it; the run is then saved and evaluated as usual.
+    assert (limited["global_step"], limited["metrics"]["train_time_limited"]) == (1, True)
+    assert "eval_rouge1" in limited["metrics"]
+    ample = script.main([*argv, "--max_train_seconds", "3600", "--output_dir", str(tmp_path / "ample")])
+    assert (ample["global_step"], ample["metrics"]["train_time_limited"]) == (3, False)
+    plain = script.main([*argv, "--output_dir", str(tmp_path / "plain")])
+    assert plain["global_step"] == 3 and "train_time_limited" not in plain["metrics"]
 
 
 def test_run_summarization_pubmed_cohan_format_smoke(tmp_path, data_dir, load_script, quiet_args):

@@ -1,5 +1,5 @@
-"""`--max_train_seconds`: a training program stops on a wall-time budget, says so in its metrics, and every process of
-a distributed run stops at the same step."""
+"""`TimeLimitCallback` and `--max_train_seconds`: every process of a distributed run stops at the same step, and the
+limit must be positive (the programs' use of it: `tests/scripts/test_run_summarization.py`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import torch.multiprocessing as mp
 from transformers import TrainerControl, TrainerState
 
 from attnzoo.training import SummarizationDataArguments, TimeLimitCallback
-from source_checkout import REPO_ROOT
 
 
 def _agree(rank: int, init_file: str, results: dict) -> None:
@@ -39,26 +38,3 @@ def test_a_time_limit_must_be_positive(data_dir):
     stories = str(data_dir / "cnn_dailymail/cnn_stories")
     with pytest.raises(ValueError, match="`max_train_seconds` must be a positive number, got 0"):
         SummarizationDataArguments(train_file=stories, max_train_seconds=0)
-
-
-def test_a_summarization_run_stops_on_its_time_limit_and_says_so(tmp_path, data_dir, load_script, quiet_args):
-    stories = str(data_dir / "cnn_dailymail/cnn_stories")
-    common = [
-        *quiet_args,
-        "--config_path", str(REPO_ROOT / "configs/models/dense_transformer/tiny.json"),
-        "--train_file", stories,
-        "--train_url_list", str(data_dir / "cnn_dailymail/url_lists/all_train.txt"),
-        "--max_source_length", "64",
-        "--max_target_length", "16",
-        "--per_device_train_batch_size", "2",
-        "--save_strategy", "no",
-        "--max_steps", "3",
-    ]  # fmt: skip
-    script = load_script("run_summarization")
-    limited = script.main([*common, "--max_train_seconds", "1e-6", "--output_dir", str(tmp_path / "limited")])
-    # The budget is checked after each step: the first step ends it.
-    assert (limited["global_step"], limited["metrics"]["train_time_limited"]) == (1, True)
-    ample = script.main([*common, "--max_train_seconds", "3600", "--output_dir", str(tmp_path / "ample")])
-    assert (ample["global_step"], ample["metrics"]["train_time_limited"]) == (3, False)
-    plain = script.main([*common, "--output_dir", str(tmp_path / "plain")])
-    assert plain["global_step"] == 3 and "train_time_limited" not in plain["metrics"]
