@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's own modules, beside this file
 
 from baselines import choose_lead_length, lead, oracle_summary  # noqa: E402
-from budgets import ALL_FAMILIES, COST_ORDER, PROFILES, Profile  # noqa: E402
+from budgets import ALL_FAMILIES, COST_ORDER, PROFILES, PROGRAM_STEPS, Profile  # noqa: E402
 from schedule import Job, run_jobs  # noqa: E402
 from tables import write_tables  # noqa: E402
 
@@ -56,7 +56,7 @@ SOURCE_ROW = "source"
 MEAN_POOLING = " (mean pooling)"
 #: Fraction of the WikiText articles (the last ones) held back from continued pretraining.
 WIKITEXT_HOLD_OUT = 0.1
-STEPS = ("data", "convert", "mlm", "classify", "summarize")
+STEPS = ("data", *PROGRAM_STEPS)
 
 
 class Study:
