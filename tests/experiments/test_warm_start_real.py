@@ -420,6 +420,25 @@ def test_the_summarization_pilot_tunes_on_held_back_training_calls(
     with pytest.raises(ValueError, match="--hold-out must be between 1 and 7"):
         pilot.main([*args, "--hold-out", "8"])  # every training call held back: nothing left to train on
 
+    # `decoding_pilot.py`: the trained runs write the held-back calls' summaries again, once per decoding setting.
+    decoding = load_script(f"{STUDY}/decoding_pilot")
+    runs = [Path(row["command"].split("--output_dir ")[1].split()[0]) for row in record["rows"].values()][:2]
+    sizes = ["--no-repeat-ngram-sizes", "0", "2"]
+    decoded = decoding.main([*args, "--runs", *map(str, runs), *sizes])
+    assert json.loads((results / "decoding_pilot.json").read_text()) == decoded
+    assert decoded["held_back_calls"] == 2 and len(decoded["rows"]) == 4
+    for name, row in decoded["rows"].items():
+        assert row["status"] == "done", row
+        assert {"rouge2", "numbers_reproduced", "distinct_2grams"} <= set(row["scores"])
+        output = Path(row["command"].split("--output_dir ")[1].split()[0])
+        assert "train_loss" not in json.loads((output / "metrics.json").read_text())["metrics"]  # generation only
+        if name.endswith("norepeat2"):  # no token bigram twice, so no word bigram twice either
+            for summary in (output / "generated_predictions.txt").read_text().splitlines():
+                words = summary.split()
+                assert len(set(zip(words, words[1:], strict=False))) == len(words) - 1, summary
+    with pytest.raises(SystemExit):
+        decoding.main([*args, "--runs", str(tmp_path)])  # not a trained run
+
 
 def test_the_feature_probe_scores_each_feature_of_a_frozen_checkpoint(
     load_script, study, headless_bert, data_files, tmp_path

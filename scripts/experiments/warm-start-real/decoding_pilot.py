@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Step 3b's decoding settings, chosen on held-back training calls, never on the validation calls the study reports.
+
+    python scripts/experiments/warm-start-real/decoding_pilot.py --profile gpu \
+        --work outputs/warm-start-real/gpu-on-cpu --no-repeat-ngram-sizes 0 3 4 6 \
+        --runs outputs/warm-start-real/gpu-on-cpu/pilot/<a summarize_pilot.py run>
+
+Each model that `summarize_pilot.py` trained writes the summaries of the calls it held back again, once per
+`no_repeat_ngram_size` (greedy decoding, the profile's number of new tokens), through `run_summarization.py` without
+training; every set of summaries is scored like the study's rows. Why it matters: the ECTSum recipe forbade repeated
+token trigrams, and a figure is several WordPiece tokens (`$ 0 . 53`), so a second figure that starts as the first did
+(`$ 0 .`) could not be written. Writes `<results>/decoding_pilot.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's own modules, beside this file
+
+import run as study_run  # noqa: E402
+from budgets import PROFILES  # noqa: E402
+from schedule import Job  # noqa: E402
+from summarize_pilot import PILOT  # noqa: E402
+
+
+def decoding_jobs(study: study_run.Study, runs: list[Path], sizes: list[int], calls: Path) -> list[Job]:
+    """One generation of `calls` per trained run and `no_repeat_ngram_size`, each in a folder beside the run."""
+    jobs = []
+    for trained in runs:
+        config = json.loads((study.absolute(trained) / "config.json").read_text(encoding="utf-8"))
+        for size in sizes:
+            output = trained.parent / f"{trained.name}-decode-norepeat{size}"
+            command = [
+                "scripts/run_summarization.py",
+                "--model_name_or_path", str(trained),
+                "--validation_file", str(calls),
+                "--text_column", "text",
+                "--summary_column", "summary",
+                "--max_source_length", str(config["max_position_embeddings"]),
+                "--max_target_length", str(study.profile.target_length),
+                "--generation_max_new_tokens", str(study.profile.new_tokens),
+                "--no_repeat_ngram_size", str(size),
+                "--predict_with_generate", "true",
+                "--per_device_eval_batch_size", str(study.profile.eval_batch),
+                "--output_dir", str(output),
+                *study.common_flags(),
+            ]  # fmt: skip
+            jobs.append(Job(f"decode-{trained.name}-norepeat{size}", command, output))
+    return jobs
+
+
+def collect(study: study_run.Study, jobs: list[Job], records: dict[str, Any], calls: Path) -> dict[str, Any]:
+    """Each generation scored like the study's rows, with two summaries beside their references."""
+    references = study_run.read_jsonl(study.absolute(calls))
+    rows = {}
+    for job in jobs:
+        row = dict(records.get(job.name, {}))
+        scored = study_run.scored_run(study, job.output, references, examples=2)
+        if scored is not None:
+            row.update(
+                scores=scored["scores"], different_summaries=scored["different_summaries"], examples=scored["examples"]
+            )
+        rows[job.name] = row
+    return {"held_back_calls": len(references), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--source", default=study_run.DEFAULT_SOURCE, help="the runs' source checkpoint (recorded)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="new tokens, batch, threads")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--runs", type=Path, nargs="+", required=True, help="folders of summarize_pilot.py runs")
+    parser.add_argument("--no-repeat-ngram-sizes", type=int, nargs="+", default=[0, 3], help="0: no constraint")
+    parser.add_argument("--jobs", type=int, default=1, help="generations at once")
+    parser.add_argument(
+        "--work", type=Path, help="the study's work folder (default: outputs/warm-start-real/<profile>)"
+    )
+    parser.add_argument("--results", type=Path, help="folder of the record (default: the study's results/<profile>)")
+    args = parser.parse_args(argv)
+    if any(size < 0 for size in args.no_repeat_ngram_sizes):
+        parser.error("--no-repeat-ngram-sizes must be 0 (no constraint) or positive")
+    profile = dataclasses.replace(PROFILES[args.profile], families=("dense_transformer",), parallel=args.jobs)
+    study = study_run.Study(
+        args.source,
+        profile,
+        args.work or Path("outputs") / "warm-start-real" / profile.name,
+        args.results or study_run.STUDY / "results" / profile.name,
+        args.device,
+        study_run.SHARED / "ectsum",
+        study_run.SHARED / "wikitext",
+        study_run.SHARED / "imdb",
+    )
+    calls = study.work / PILOT / "data" / "tune.jsonl"
+    for trained in args.runs:
+        if not (study.absolute(trained) / "config.json").is_file():
+            parser.error(f"{trained} holds no trained model (no config.json): give summarize_pilot.py run folders")
+    if not study.absolute(calls).is_file():
+        parser.error(f"{calls} is missing: run summarize_pilot.py with the same --profile and --work first")
+    started = study_run.ran_on(study)
+    jobs = decoding_jobs(study, args.runs, args.no_repeat_ngram_sizes, calls)
+    begin = time.time()
+    records = study.run(jobs)
+    record = {"ran_on": started, "wall_seconds": round(time.time() - begin, 1), **collect(study, jobs, records, calls)}
+    study_run.save(study, "decoding_pilot", record)
+    return record
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
