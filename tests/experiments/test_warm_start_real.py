@@ -427,6 +427,13 @@ def test_the_summarization_pilot_tunes_on_held_back_training_calls(
     decoded = decoding.main([*args, "--runs", *map(str, runs), *sizes])
     assert json.loads((results / "decoding_pilot.json").read_text()) == decoded
     assert decoded["held_back_calls"] == 2 and len(decoded["rows"]) == 4
+    # Each run's other setting against the recipe's (3, not run here: compared with 2 instead), call by call.
+    assert decoded["baseline_size"] == 3 and decoded["paired"] == {}
+    compared = decoding.main([*args, "--runs", *map(str, runs), *sizes, "--baseline-size", "2"])  # reuses the runs
+    assert set(compared["paired"]) == {run.name for run in runs}
+    for comparison in compared["paired"].values():
+        (row,) = comparison.values()
+        assert row["rouge2"]["calls"] == 2 and row["rouge2"]["ahead"] + row["rouge2"]["behind"] <= 2
     for name, row in decoded["rows"].items():
         assert row["status"] == "done", row
         assert {"rouge2", "numbers_reproduced", "distinct_2grams"} <= set(row["scores"])

@@ -7,7 +7,8 @@
 
 Each model that `summarize_pilot.py` trained writes the summaries of the calls it held back again, once per
 `no_repeat_ngram_size` (greedy decoding, the profile's number of new tokens), through `run_summarization.py` without
-training; every set of summaries is scored like the study's rows. Why it matters: the ECTSum recipe forbade repeated
+training; every set of summaries is scored like the study's rows, and against the recipe's setting call by call
+(paired differences of ROUGE-2 and of the figures reproduced). Why it matters: the ECTSum recipe forbade repeated
 token trigrams, and a figure is several WordPiece tokens (`$ 0 . 53`), so a second figure that starts as the first did
 (`$ 0 .`) could not be written. Writes `<results>/decoding_pilot.json`.
 """
@@ -56,10 +57,51 @@ def decoding_jobs(study: study_run.Study, runs: list[Path], sizes: list[int], ca
     return jobs
 
 
-def collect(study: study_run.Study, jobs: list[Job], records: dict[str, Any], calls: Path) -> dict[str, Any]:
-    """Each generation scored like the study's rows, with two summaries beside their references."""
+def per_call(study: study_run.Study, output: Path, references: list[str]) -> dict[str, list[float | None]]:
+    """A generation's ROUGE-2 and share of the reference's figures (percent; `None` where the reference has none), call
+    by call, for paired comparisons."""
+    from attnzoo.training.metrics import extract_numbers, numbers_reproduced, rouge_scores
+
+    text = (study.absolute(output) / "generated_predictions.txt").read_text(encoding="utf-8")
+    predictions = text.removesuffix("\n").split("\n")
+    pairs = list(zip(predictions, references, strict=True))
+    figures = [
+        numbers_reproduced([summary], [reference])["numbers_reproduced"] if extract_numbers(reference) else None
+        for summary, reference in pairs
+    ]
+    rouge2 = [rouge_scores([summary], [reference])["rouge2"] for summary, reference in pairs]
+    return {"numbers_reproduced": figures, "rouge2": rouge2}
+
+
+def paired(rows: dict[str, dict[str, list[float | None]]], baseline: str) -> dict[str, dict[str, Any]]:
+    """Each row's per-call scores minus the baseline row's: mean, standard error and the calls ahead and behind."""
+    from attnzoo.evaluation.seeds import PairedDifference
+
+    result = {}
+    for name, scores in rows.items():
+        if name == baseline:
+            continue
+        result[name] = {}
+        for metric, values in scores.items():
+            pairs = [(a, b) for a, b in zip(values, rows[baseline][metric], strict=True) if a is not None]
+            difference = PairedDifference(tuple(range(len(pairs))), tuple(a - b for a, b in pairs))
+            result[name][metric] = {
+                "mean": difference.mean,
+                "standard_error": difference.standard_error,
+                "ahead": difference.ahead,
+                "behind": sum(d < 0 for d in difference.differences),
+                "calls": len(pairs),
+            }
+    return result
+
+
+def collect(
+    study: study_run.Study, jobs: list[Job], records: dict[str, Any], calls: Path, baseline: int
+) -> dict[str, Any]:
+    """Each generation scored like the study's rows, with two summaries beside their references, and each run's
+    settings against its `baseline` setting, call by call."""
     references = study_run.read_jsonl(study.absolute(calls))
-    rows = {}
+    rows, calls_scores = {}, {}
     for job in jobs:
         row = dict(records.get(job.name, {}))
         scored = study_run.scored_run(study, job.output, references, examples=2)
@@ -67,8 +109,14 @@ def collect(study: study_run.Study, jobs: list[Job], records: dict[str, Any], ca
             row.update(
                 scores=scored["scores"], different_summaries=scored["different_summaries"], examples=scored["examples"]
             )
+            calls_scores[job.name] = per_call(study, job.output, [call["summary"] for call in references])
         rows[job.name] = row
-    return {"held_back_calls": len(references), "rows": rows}
+    comparisons = {}
+    for run in {name.rsplit("-norepeat", 1)[0] for name in calls_scores}:
+        mine = {name: scores for name, scores in calls_scores.items() if name.rsplit("-norepeat", 1)[0] == run}
+        if f"{run}-norepeat{baseline}" in mine:
+            comparisons[run.removeprefix("decode-")] = paired(mine, f"{run}-norepeat{baseline}")
+    return {"held_back_calls": len(references), "baseline_size": baseline, "rows": rows, "paired": comparisons}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -79,6 +127,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--runs", type=Path, nargs="+", required=True, help="folders of summarize_pilot.py runs")
     parser.add_argument("--no-repeat-ngram-sizes", type=int, nargs="+", default=[0, 3], help="0: no constraint")
     parser.add_argument("--jobs", type=int, default=1, help="generations at once")
+    parser.add_argument(
+        "--baseline-size", type=int, help="the size compared against, call by call (default: the recipe's)"
+    )
     parser.add_argument(
         "--work", type=Path, help="the study's work folder (default: outputs/warm-start-real/<profile>)"
     )
@@ -107,7 +158,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     jobs = decoding_jobs(study, args.runs, args.no_repeat_ngram_sizes, calls)
     begin = time.time()
     records = study.run(jobs)
-    record = {"ran_on": started, "wall_seconds": round(time.time() - begin, 1), **collect(study, jobs, records, calls)}
+    from attnzoo.training.arguments import read_recipe
+
+    baseline = args.baseline_size
+    if baseline is None:
+        baseline = read_recipe(study_run.ECTSUM_RECIPE).get("no_repeat_ngram_size", 0)
+    scores = collect(study, jobs, records, calls, baseline)
+    record = {"ran_on": started, "wall_seconds": round(time.time() - begin, 1), **scores}
     study_run.save(study, "decoding_pilot", record)
     return record
 
