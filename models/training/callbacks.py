@@ -73,16 +73,17 @@ class StopAtStepCallback(TrainerCallback):
 
 class TimeLimitCallback(TrainerCallback):
     """
-    Stop training once `seconds` of wall time have passed since training began (the model is then saved as usual):
-    a fixed time budget instead of a fixed step count, e.g. for a demo or a time-limited job. `stopped` tells whether
-    the budget ended the training.
+    Stop training once `seconds` of wall time have passed since training began: a fixed time budget instead of a fixed
+    step count, e.g. for a demo or a time-limited job. The model is then saved as usual, and a checkpoint is written
+    where the run saves checkpoints at all (so that `--resume_from_checkpoint last` continues from the step it
+    stopped at). `stopped` tells whether the budget ended the training before its last step.
 
     In a distributed run every process stops at the same step: each step the processes agree (one all-reduce of a
     flag) that one of them has run out of time, since clocks that disagree by a step would leave a process waiting for
     the others' gradients.
     """
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.stopped = False
         self._start: float | None = None
@@ -99,9 +100,13 @@ class TimeLimitCallback(TrainerCallback):
             flag = torch.tensor([float(out_of_time)], device=args.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
             out_of_time = bool(flag.item())
-        if out_of_time:
+        # The step that completes the run's own budget ends it anyway: the limit stopped nothing then.
+        last_step = control.should_training_stop or (state.max_steps > 0 and state.global_step >= state.max_steps)
+        if out_of_time and not last_step:
             self.stopped = True
             control.should_training_stop = True
+            if args is not None and args.save_strategy != "no":
+                control.should_save = True
         return control
 
 

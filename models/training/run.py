@@ -42,20 +42,24 @@ def train_and_evaluate(
     trainer: Any, *, train: bool, evaluate: bool, checkpoint: str | None, max_seconds: float | None = None
 ) -> dict[str, Any]:
     """Train (resuming from `checkpoint`; for at most `max_seconds` of wall time when given, see
-    [`TimeLimitCallback`]), save model and state, then evaluate; returns the merged metrics (with
-    `train_time_limited`, whether the time limit ended the training, when one was given)."""
+    [`TimeLimitCallback`]; `max_seconds` has no effect without training), save model and state, then evaluate;
+    returns the merged metrics (with `train_time_limited`, whether the time limit ended the training before its last
+    step, when one was given)."""
     metrics: dict[str, Any] = {}
     if train:
         limit = TimeLimitCallback(max_seconds) if max_seconds is not None else None
         if limit is not None:
             trainer.add_callback(limit)
-        result = trainer.train(resume_from_checkpoint=checkpoint)
+        try:
+            result = trainer.train(resume_from_checkpoint=checkpoint)
+        finally:
+            if limit is not None:
+                trainer.remove_callback(limit)
         trainer.save_model()
         trainer.save_state()
         metrics.update(result.metrics)
         if limit is not None:
             metrics["train_time_limited"] = limit.stopped
-            trainer.remove_callback(limit)
     if evaluate:
         metrics.update(trainer.evaluate())
     return metrics

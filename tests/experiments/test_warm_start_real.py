@@ -277,7 +277,7 @@ def test_the_second_gpu_call_trains_the_ectsum_rows_alone_for_several_epochs(stu
     with pytest.raises(ValueError, match="A deadline of 200 s leaves no training time after the 230 s"):
         dataclasses.replace(profile, deadline=200).summarize_time_limit()
     assert study.PROFILES["gpu"].summarize_time_limit() is None
-    # A profile naming a step the study does not have is refused before anything runs.
+    # A profile naming a step the study does not have cannot be planned.
     broken = study.Study(
         "minilm", dataclasses.replace(profile, steps=("summarise",)), Path("w"), Path("r"), "cuda", *[Path("x")] * 3
     )
@@ -297,6 +297,11 @@ def test_all_runs_and_records_only_the_profiles_steps(study, tmp_path, headless_
     records = sorted(path.name for path in (tmp_path / "results").glob("*.json"))
     assert records == ["all.json", "data.json", "summarize.json"]
     assert (tmp_path / "results" / "README.md").is_file()
+    # A profile it cannot plan is refused before the data step writes anything.
+    broken = _study(study, headless_bert, data_files, tmp_path / "broken", steps=("summarise",))
+    with pytest.raises(ValueError, match="unknown step"):
+        study.run_all(broken)
+    assert not (tmp_path / "broken").exists()
 
 
 @pytest.mark.slow  # long for the default suite's 8-minute budget; CI runs the default suite
@@ -424,16 +429,20 @@ def test_the_summarization_pilot_tunes_on_held_back_training_calls(
     decoding = load_script(f"{STUDY}/decoding_pilot")
     runs = [Path(row["command"].split("--output_dir ")[1].split()[0]) for row in record["rows"].values()][:2]
     sizes = ["--no-repeat-ngram-sizes", "0", "2"]
-    decoded = decoding.main([*args, "--runs", *map(str, runs), *sizes])
+    decoded = decoding.main([*args, "--runs", *map(str, runs), *sizes, "--baseline-size", "2"])
     assert json.loads((results / "decoding_pilot.json").read_text()) == decoded
     assert decoded["held_back_calls"] == 2 and len(decoded["rows"]) == 4
-    # Each run's other setting against the recipe's (3, not run here: compared with 2 instead), call by call.
-    assert decoded["baseline_size"] == 3 and decoded["paired"] == {}
-    compared = decoding.main([*args, "--runs", *map(str, runs), *sizes, "--baseline-size", "2"])  # reuses the runs
-    assert set(compared["paired"]) == {run.name for run in runs}
-    for comparison in compared["paired"].values():
-        (row,) = comparison.values()
-        assert row["rouge2"]["calls"] == 2 and row["rouge2"]["ahead"] + row["rouge2"]["behind"] <= 2
+    # Each run's other setting against the baseline setting, call by call: every call has a ROUGE-2, so the mean of
+    # the per-call differences is the difference of the two rows' ROUGE-2.
+    assert decoded["baseline_size"] == 2 and set(decoded["paired"]) == {run.name for run in runs}
+    for run, comparison in decoded["paired"].items():
+        ((name, row),) = comparison.items()
+        rows = decoded["rows"]
+        expected = rows[name]["scores"]["rouge2"] - rows[f"decode-{run}-norepeat2"]["scores"]["rouge2"]
+        assert row["rouge2"]["mean"] == pytest.approx(expected, abs=1e-9) and row["rouge2"]["calls"] == 2
+        assert row["numbers_reproduced"]["calls"] == 2  # both made-up references state figures
+    with pytest.raises(SystemExit):  # the recipe's size (3) is not among those run: nothing to compare with
+        decoding.main([*args, "--runs", *map(str, runs), *sizes])
     for name, row in decoded["rows"].items():
         assert row["status"] == "done", row
         assert {"rouge2", "numbers_reproduced", "distinct_2grams"} <= set(row["scores"])

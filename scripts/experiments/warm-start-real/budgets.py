@@ -198,10 +198,11 @@ PROFILES = {
 # Step 3b alone, several epochs, for a second device call after the `gpu` one: the 7.5 minutes go to the seven ECTSum
 # rows side by side (each converts its source itself) instead of 84 programs. The `gpu` profile's one epoch left the
 # decoder stating a few percent of the reference's figures (summarize_pilot.py on held-back training calls, run on
-# the CPU); this one allows five epochs of the 1,681 calls. Every row stops training 230 s before the deadline (220 s
-# of training at the default 450): 60 s for the records after the programs, about 40 s for start-up, conversion and
-# tokenisation, about 100 s to generate 249 summaries with seven programs on one GPU, and a margin. A row slower than
-# five epochs in that time is scored after the steps it trained (the table says how many).
+# the CPU); this one allows five epochs of the 1,681 calls. Each row trains for at most the deadline less 230 s of its
+# own (220 s at the default 450), the rest kept for 60 s of records after the programs, about 40 s of start-up,
+# conversion and tokenisation, about 100 s to generate 249 summaries with seven programs on one GPU, and a margin (the
+# seven rows start together). A row slower than five epochs in that time is scored after the steps it trained (the
+# table says how many).
 PROFILES["gpu-ectsum"] = dataclasses.replace(
     PROFILES["gpu"],
     name="gpu-ectsum",

@@ -62,9 +62,7 @@ def per_call(study: study_run.Study, output: Path, references: list[str]) -> dic
     by call, for paired comparisons."""
     from attnzoo.training.metrics import extract_numbers, numbers_reproduced, rouge_scores
 
-    text = (study.absolute(output) / "generated_predictions.txt").read_text(encoding="utf-8")
-    predictions = text.removesuffix("\n").split("\n")
-    pairs = list(zip(predictions, references, strict=True))
+    pairs = list(zip(study_run.read_predictions(study, output) or [], references, strict=True))
     figures = [
         numbers_reproduced([summary], [reference])["numbers_reproduced"] if extract_numbers(reference) else None
         for summary, reference in pairs
@@ -86,8 +84,9 @@ def paired(rows: dict[str, dict[str, list[float | None]]], baseline: str) -> dic
             pairs = [(a, b) for a, b in zip(values, rows[baseline][metric], strict=True) if a is not None]
             difference = PairedDifference(tuple(range(len(pairs))), tuple(a - b for a, b in pairs))
             result[name][metric] = {
-                "mean": difference.mean,
-                "standard_error": difference.standard_error,
+                # JSON has no NaN: no call to compare (no reference states a figure), or one (no spread).
+                "mean": difference.mean if pairs else None,
+                "standard_error": difference.standard_error if len(pairs) > 1 else None,
                 "ahead": difference.ahead,
                 "behind": sum(d < 0 for d in difference.differences),
                 "calls": len(pairs),
@@ -154,15 +153,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             parser.error(f"{trained} holds no trained model (no config.json): give summarize_pilot.py run folders")
     if not study.absolute(calls).is_file():
         parser.error(f"{calls} is missing: run summarize_pilot.py with the same --profile and --work first")
-    started = study_run.ran_on(study)
-    jobs = decoding_jobs(study, args.runs, args.no_repeat_ngram_sizes, calls)
-    begin = time.time()
-    records = study.run(jobs)
     from attnzoo.training.arguments import read_recipe
 
     baseline = args.baseline_size
     if baseline is None:
         baseline = read_recipe(study_run.ECTSUM_RECIPE).get("no_repeat_ngram_size", 0)
+    if baseline not in args.no_repeat_ngram_sizes:
+        parser.error(f"the baseline size {baseline} is not among --no-repeat-ngram-sizes: nothing to compare with")
+    started = study_run.ran_on(study)
+    jobs = decoding_jobs(study, args.runs, args.no_repeat_ngram_sizes, calls)
+    begin = time.time()
+    records = study.run(jobs)
     scores = collect(study, jobs, records, calls, baseline)
     record = {"ran_on": started, "wall_seconds": round(time.time() - begin, 1), **scores}
     study_run.save(study, "decoding_pilot", record)

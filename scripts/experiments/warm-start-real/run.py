@@ -513,8 +513,9 @@ def summarize_command(
     fields set at conversion (e.g. `copy_from_source=true`)."""
     p = study.profile
     limit = ["--max_eval_samples", str(eval_samples)] if eval_samples else []
-    if p.summarize_time_limit() is not None:
-        limit += ["--max_train_seconds", str(p.summarize_time_limit())]
+    seconds = p.summarize_time_limit()
+    if seconds is not None:
+        limit += ["--max_train_seconds", str(seconds)]
     overrides = ["--config_overrides", config_overrides] if config_overrides else []
     return [
         "scripts/run_summarization.py", str(ECTSUM_RECIPE),
@@ -562,17 +563,24 @@ def _validation_calls(study: Study) -> list[dict[str, Any]]:
     return calls[: study.profile.summarize_eval] if study.profile.summarize_eval else calls
 
 
+def read_predictions(study: Study, output: Path) -> list[str] | None:
+    """A summarization run's generated summaries, one per scored call; `None` when it wrote none."""
+    path = study.absolute(output) / "generated_predictions.txt"
+    if not path.is_file():
+        return None
+    # One summary per line (`run_summarization.py` writes them so, line breaks inside a summary made spaces).
+    return path.read_text(encoding="utf-8").removesuffix("\n").split("\n")
+
+
 def scored_run(study: Study, output: Path, calls: list[dict[str, Any]], examples: int) -> dict[str, Any] | None:
     """A summarization run's last summaries of `calls` scored (the same scores as the baselines), with its first
     `examples` summaries beside their references and its training cost; `None` when the run left no summaries."""
     from attnzoo.training.metrics import summary_metrics
 
     metrics = run_metrics(study, output)
-    predictions_file = study.absolute(output) / "generated_predictions.txt"
-    if metrics is None or not predictions_file.is_file():
+    predictions = read_predictions(study, output)
+    if metrics is None or predictions is None:
         return None
-    # One summary per line (`run_summarization.py` writes them so); a summary may hold other line breaks.
-    predictions = predictions_file.read_text(encoding="utf-8").removesuffix("\n").split("\n")
     references = [call["summary"] for call in calls]
     if len(predictions) != len(references):
         raise ValueError(f"{output}: {len(predictions)} summaries for {len(references)} scored calls")
@@ -716,10 +724,10 @@ def planned_jobs(study: Study) -> list[Job]:
 def run_all(study: Study) -> dict[str, Any]:
     """The data, then every program of the profile's steps side by side in `ordered` order until its deadline, then
     each step's record and the tables."""
+    jobs = planned_jobs(study)  # a profile it cannot plan is refused before anything runs
     begin = time.time()
     started = ran_on(study)
     save(study, "data", {"ran_on": started, **step_data(study)})
-    jobs = planned_jobs(study)
     # The records and tables need about a minute after the programs (the oracle, the dense check).
     deadline = begin + study.profile.deadline - 60 if study.profile.deadline else None
     records = study.run(jobs, deadline)
