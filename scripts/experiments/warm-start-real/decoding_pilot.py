@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's own modu
 import run as study_run  # noqa: E402
 from budgets import PROFILES  # noqa: E402
 from schedule import Job  # noqa: E402
-from summarize_pilot import PILOT  # noqa: E402
+from summarize_pilot import PILOT, add_location_arguments, pilot_study  # noqa: E402
 
 
 def decoding_jobs(study: study_run.Study, runs: list[Path], sizes: list[int], calls: Path) -> list[Job]:
@@ -129,24 +129,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--baseline-size", type=int, help="the size compared against, call by call (default: the recipe's)"
     )
-    parser.add_argument(
-        "--work", type=Path, help="the study's work folder (default: outputs/warm-start-real/<profile>)"
-    )
-    parser.add_argument("--results", type=Path, help="folder of the record (default: the study's results/<profile>)")
+    add_location_arguments(parser)
     args = parser.parse_args(argv)
     if any(size < 0 for size in args.no_repeat_ngram_sizes):
         parser.error("--no-repeat-ngram-sizes must be 0 (no constraint) or positive")
     profile = dataclasses.replace(PROFILES[args.profile], families=("dense_transformer",), parallel=args.jobs)
-    study = study_run.Study(
-        args.source,
-        profile,
-        args.work or Path("outputs") / "warm-start-real" / profile.name,
-        args.results or study_run.STUDY / "results" / profile.name,
-        args.device,
-        study_run.SHARED / "ectsum",
-        study_run.SHARED / "wikitext",
-        study_run.SHARED / "imdb",
-    )
+    study = pilot_study(args, profile)
     calls = study.work / PILOT / "data" / "tune.jsonl"
     for trained in args.runs:
         if not (study.absolute(trained) / "config.json").is_file():

@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the study's own modules, beside this file
 
 import run as study_run  # noqa: E402
-from budgets import PROFILES  # noqa: E402
+from budgets import PROFILES, Profile  # noqa: E402
 from schedule import Job  # noqa: E402
 
 PILOT = "pilot"
@@ -107,6 +107,28 @@ def collect(study: study_run.Study, jobs: list[Job], records: dict[str, Any], tu
     return {"held_back_calls": len(calls), "rows": rows}
 
 
+def add_location_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--work` and `--results`, as every pilot of the study takes them."""
+    parser.add_argument(
+        "--work", type=Path, help="the study's work folder (default: outputs/warm-start-real/<profile>)"
+    )
+    parser.add_argument("--results", type=Path, help="folder of the record (default: the study's results/<profile>)")
+
+
+def pilot_study(args: argparse.Namespace, profile: Profile) -> study_run.Study:
+    """The study a pilot reads and writes: its `--source`, `--device`, `--work` and `--results` with `profile`."""
+    return study_run.Study(
+        args.source,
+        profile,
+        args.work or Path("outputs") / "warm-start-real" / profile.name,
+        args.results or study_run.STUDY / "results" / profile.name,
+        args.device,
+        study_run.SHARED / "ectsum",
+        study_run.SHARED / "wikitext",
+        study_run.SHARED / "imdb",
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default=study_run.DEFAULT_SOURCE, help="BERT / RoBERTa folder or Hub id")
@@ -122,22 +144,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="model variants compared, each the config fields set at conversion, e.g. copy_from_source=false "
         "copy_from_source=true (default: the recipe's own `config_overrides`)",
     )
-    parser.add_argument(
-        "--work", type=Path, help="the study's work folder (default: outputs/warm-start-real/<profile>)"
-    )
-    parser.add_argument("--results", type=Path, help="folder of the record (default: the study's results/<profile>)")
+    add_location_arguments(parser)
     args = parser.parse_args(argv)
     profile = dataclasses.replace(PROFILES[args.profile], summarize_steps=args.steps, families=("dense_transformer",))
-    study = study_run.Study(
-        args.source,
-        profile,
-        args.work or Path("outputs") / "warm-start-real" / profile.name,
-        args.results or study_run.STUDY / "results" / profile.name,
-        args.device,
-        study_run.SHARED / "ectsum",
-        study_run.SHARED / "wikitext",
-        study_run.SHARED / "imdb",
-    )
+    study = pilot_study(args, profile)
     started = study_run.ran_on(study)
     from attnzoo.training.arguments import read_recipe
 
