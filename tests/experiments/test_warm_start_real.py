@@ -430,11 +430,12 @@ def test_the_summarization_pilot_tunes_on_held_back_training_calls(
     runs = [Path(row["command"].split("--output_dir ")[1].split()[0]) for row in record["rows"].values()][:2]
     sizes = ["--no-repeat-ngram-sizes", "0", "2"]
     decoded = decoding.main([*args, "--runs", *map(str, runs), *sizes, "--baseline-size", "2"])
-    assert json.loads((results / "decoding_pilot.json").read_text()) == decoded
+    assert json.loads((results / "decoding_pilot.json").read_text()) == json.loads(json.dumps(decoded))
     assert decoded["held_back_calls"] == 2 and len(decoded["rows"]) == 4
     # Each run's other setting against the baseline setting, call by call: every call has a ROUGE-2, so the mean of
     # the per-call differences is the difference of the two rows' ROUGE-2.
     assert decoded["baseline_size"] == 2 and set(decoded["paired"]) == {run.name for run in runs}
+    assert decoded["oracle"]["scores"]["rouge2"] >= decoded["lead"]["scores"]["rouge2"]
     for run, comparison in decoded["paired"].items():
         ((name, row),) = comparison.items()
         rows = decoded["rows"]

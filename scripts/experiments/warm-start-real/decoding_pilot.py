@@ -97,8 +97,8 @@ def paired(rows: dict[str, dict[str, list[float | None]]], baseline: str) -> dic
 def collect(
     study: study_run.Study, jobs: list[Job], records: dict[str, Any], calls: Path, baseline: int
 ) -> dict[str, Any]:
-    """Each generation scored like the study's rows, with two summaries beside their references, and each run's
-    settings against its `baseline` setting, call by call."""
+    """Each generation scored like the study's rows, with two summaries beside their references, each run's settings
+    against its `baseline` setting, call by call, and the lead and the extractive oracle on the same calls."""
     references = study_run.read_jsonl(study.absolute(calls))
     rows, calls_scores = {}, {}
     for job in jobs:
@@ -115,7 +115,16 @@ def collect(
         mine = {name: scores for name, scores in calls_scores.items() if name.rsplit("-norepeat", 1)[0] == run}
         if f"{run}-norepeat{baseline}" in mine:
             comparisons[run.removeprefix("decode-")] = paired(mine, f"{run}-norepeat{baseline}")
-    return {"held_back_calls": len(references), "baseline_size": baseline, "rows": rows, "paired": comparisons}
+    # The lead and the oracle on the same calls: what a model's scores on them compare with (the lead's length chosen
+    # on every training call, these included, as for the study's rows).
+    reference_points = study_run.extractive_baselines(study, references)
+    return {
+        "held_back_calls": len(references),
+        "baseline_size": baseline,
+        "rows": rows,
+        "paired": comparisons,
+        **reference_points,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
