@@ -8,7 +8,7 @@
 Each model that `summarize_pilot.py` trained writes the summaries of the calls it held back again, once per
 `no_repeat_ngram_size` (greedy decoding, the profile's number of new tokens), through `run_summarization.py` without
 training; every set of summaries is scored like the study's rows, and against the recipe's setting call by call
-(paired differences of ROUGE-2 and of the figures reproduced). Why it matters: the ECTSum recipe forbade repeated
+(paired differences of ROUGE-2 and of the figures reproduced). Why it matters: the ECTSum recipe forbids repeated
 token trigrams, and a figure is several WordPiece tokens (`$ 0 . 53`), so a second figure that starts as the first did
 (`$ 0 .`) could not be written. Writes `<results>/decoding_pilot.json`.
 """
