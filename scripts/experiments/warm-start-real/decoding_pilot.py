@@ -31,11 +31,15 @@ from schedule import Job  # noqa: E402
 from summarize_pilot import PILOT, add_location_arguments, pilot_study  # noqa: E402
 
 
-def decoding_jobs(study: study_run.Study, runs: list[Path], sizes: list[int], calls: Path) -> list[Job]:
-    """One generation of `calls` per trained run and `no_repeat_ngram_size`, each in a folder beside the run."""
-    jobs = []
+def decoding_jobs(
+    study: study_run.Study, runs: list[Path], sizes: list[int], calls: Path
+) -> dict[str, dict[int, Job]]:
+    """One generation of `calls` per trained run and `no_repeat_ngram_size`, each in a folder beside the run; keyed by
+    the run's folder name, then by the size."""
+    jobs: dict[str, dict[int, Job]] = {}
     for trained in runs:
         config = json.loads((study.absolute(trained) / "config.json").read_text(encoding="utf-8"))
+        by_size = jobs.setdefault(trained.name, {})
         for size in sizes:
             output = trained.parent / f"{trained.name}-decode-norepeat{size}"
             command = [
@@ -53,7 +57,7 @@ def decoding_jobs(study: study_run.Study, runs: list[Path], sizes: list[int], ca
                 "--output_dir", str(output),
                 *study.common_flags(),
             ]  # fmt: skip
-            jobs.append(Job(f"decode-{trained.name}-norepeat{size}", command, output))
+            by_size[size] = Job(f"decode-{trained.name}-norepeat{size}", command, output)
     return jobs
 
 
@@ -95,26 +99,27 @@ def paired(rows: dict[str, dict[str, list[float | None]]], baseline: str) -> dic
 
 
 def collect(
-    study: study_run.Study, jobs: list[Job], records: dict[str, Any], calls: Path, baseline: int
+    study: study_run.Study, jobs: dict[str, dict[int, Job]], records: dict[str, Any], calls: Path, baseline: int
 ) -> dict[str, Any]:
     """Each generation scored like the study's rows, with two summaries beside their references, each run's settings
     against its `baseline` setting, call by call, and the lead and the extractive oracle on the same calls."""
     references = study_run.read_jsonl(study.absolute(calls))
-    rows, calls_scores = {}, {}
-    for job in jobs:
-        row = dict(records.get(job.name, {}))
-        scored = study_run.scored_run(study, job.output, references, examples=2)
-        if scored is not None:
-            row.update(
-                scores=scored["scores"], different_summaries=scored["different_summaries"], examples=scored["examples"]
-            )
-            calls_scores[job.name] = per_call(study, job.output, [call["summary"] for call in references])
-        rows[job.name] = row
-    comparisons = {}
-    for run in {name.rsplit("-norepeat", 1)[0] for name in calls_scores}:
-        mine = {name: scores for name, scores in calls_scores.items() if name.rsplit("-norepeat", 1)[0] == run}
-        if f"{run}-norepeat{baseline}" in mine:
-            comparisons[run.removeprefix("decode-")] = paired(mine, f"{run}-norepeat{baseline}")
+    rows, comparisons = {}, {}
+    for run, by_size in jobs.items():
+        calls_scores = {}
+        for job in by_size.values():
+            row = dict(records.get(job.name, {}))
+            scored = study_run.scored_run(study, job.output, references, examples=2)
+            if scored is not None:
+                row.update(
+                    scores=scored["scores"],
+                    different_summaries=scored["different_summaries"],
+                    examples=scored["examples"],
+                )
+                calls_scores[job.name] = per_call(study, job.output, [call["summary"] for call in references])
+            rows[job.name] = row
+        if by_size[baseline].name in calls_scores:
+            comparisons[run] = paired(calls_scores, by_size[baseline].name)
     # The lead and the oracle on the same calls: what a model's scores on them compare with (the lead's length chosen
     # on every training call, these included, as for the study's rows).
     reference_points = study_run.extractive_baselines(study, references)
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = study_run.ran_on(study)
     jobs = decoding_jobs(study, args.runs, args.no_repeat_ngram_sizes, calls)
     begin = time.time()
-    records = study.run(jobs)
+    records = study.run([job for by_size in jobs.values() for job in by_size.values()])
     scores = collect(study, jobs, records, calls, baseline)
     record = {"ran_on": started, "wall_seconds": round(time.time() - begin, 1), **scores}
     study_run.save(study, "decoding_pilot", record)
