@@ -15,8 +15,8 @@ Only the per-head totals come from a generator (a fixed number of draws, so an e
 the padding of its batch); every other random number is a hash of a per-call seed and the draw's position
 (head-major), so the graph does not depend on how many slots were reserved for it. Categorical draws use inverse
 CDFs over integer cumulative sums (each row's weights quantised to 2^30 units: no float64, and no rounding error
-accumulates along the sum). Repeated pairs are merged by one sort of the pair ids (int32 when they fit); the
-repeats stay in the list, after their first copy, and attend with weight 0.
+accumulates along the sum). Repeated pairs are merged by one sort of the pair ids (int32 when they are below
+2^32, stored less 2^31); the repeats stay in the list, after their first copy, and attend with weight 0.
 """
 
 from __future__ import annotations
@@ -38,8 +38,13 @@ _EXPLORATION_STREAM = 0x2545F4914F6CDD1D
 _LOW31 = (1 << 31) - 1
 #: each row's weights are quantised to this many units for the inverse CDF
 _CDF_UNITS = float(1 << 30)
-#: pair ids below this sort as int32 (2-4x faster than int64 on CPU); the largest int32 marks padding
-_INT32_PAIRS = (1 << 31) - 1
+#: pair ids below this sort as int32, stored less `_INT32_OFFSET` so that the signed range holds every id below
+#: 2^32 in order; the largest int32 (id 2^32 - 1) marks padding. At batch 1, 12 heads and 16,384 tokens the ids go to
+#: about 3.2e9: int32 keys take half the radix passes of int64 keys and 3/4 of the bytes a pass (with the sort's
+#: int64 positions), 1.5x faster on one CPU core at 12 M ids.
+_INT32_PAIRS = 1 << 32
+_INT32_OFFSET = 1 << 31
+_INT32_MAX = (1 << 31) - 1
 _INT64_SENTINEL = (1 << 63) - 1
 
 
@@ -72,7 +77,7 @@ class FastRGGraph:
 
     Args:
         rows (`torch.LongTensor` of shape `(E,)`): query row of each edge, non-decreasing (int32 from the Triton
-            sampler when `B * H * n * m` fits in int32, as `cols`).
+            sampler when the pair ids are int32, as `cols`).
         cols (`torch.LongTensor` of shape `(E,)`): key row of each edge.
         sampled (`torch.BoolTensor` of shape `(E,)`): the first copy of a drawn pair (fastRG or exploration); the
             other attended edges are structural only (self loops, window, global columns).
@@ -382,7 +387,8 @@ class PairIdRequest:
         causal (`bool`), query_offset (`int`): causal thinning.
         structural ([`StructuralPairs`] or `torch.LongTensor`, *optional*): the structural pairs, or their ids
             (`-1` for none).
-        sentinel (`int`), dtype (`torch.dtype`): the empty slots' id and the ids' dtype.
+        sentinel (`int`), dtype (`torch.dtype`): the empty slots' stored id and the ids' dtype.
+        offset (`int`): subtracted from every pair id as it is stored (`_INT32_OFFSET` for int32 ids, else 0).
     """
 
     ends: Tensor
@@ -396,12 +402,19 @@ class PairIdRequest:
     structural: StructuralPairs | Tensor | None
     sentinel: int
     dtype: torch.dtype
+    offset: int
+
+
+def int32_pairs(num_rows: int, n: int, m: int) -> bool:
+    """Whether the pair ids of `num_rows` query rows (`n` a head) by `m` keys sort as int32: every id and the
+    padding's stored less `_INT32_OFFSET`, and every row and flat key column `(b*H + h)*m + j` an int32."""
+    return num_rows * m < _INT32_PAIRS and max(num_rows, num_rows // n * m) <= _INT32_MAX
 
 
 def pair_ids(inputs: SamplerInputs, request: PairIdRequest) -> Tensor:
     """The padded, unsorted pair ids `((b*H + h)*n + i)*m + j` of the fastRG slots, the exploration slots and the
-    structural pairs, in that order, `request.sentinel` where a slot holds no pair (the torch reference of the
-    Triton sampler `fastrg_pair_ids_triton`)."""
+    structural pairs, in that order, less `request.offset`, `request.sentinel` where a slot holds no pair (the
+    torch reference of the Triton sampler `fastrg_pair_ids_triton`)."""
     _, _, n, _ = inputs.weights.shape
     m = inputs.k_memb.shape[2]
     r = request
@@ -424,21 +437,21 @@ def pair_ids(inputs: SamplerInputs, request: PairIdRequest) -> Tensor:
     if structural is not None:
         ids = torch.cat([ids, structural.reshape(-1)])
         live = torch.cat([live, structural.reshape(-1) >= 0])
-    return torch.where(live, ids, r.sentinel).to(r.dtype)
+    return torch.where(live, ids - r.offset, r.sentinel).to(r.dtype)
 
 
 def edges_from_sorted_ids(
-    ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int
+    ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int, offset: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The edge list of stably sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow, head_counts)`
-    (see [`FastRGGraph`]; `order` is each id's position before the sort, the draws' below `num_drawn`). The torch
-    reference of `fastrg_edge_list_triton`."""
+    (see [`FastRGGraph`]; `order` is each id's position before the sort, the draws' below `num_drawn`; the ids are
+    stored less `offset`, `sentinel` for padding). The torch reference of `fastrg_edge_list_triton`."""
     real = ids != sentinel
     first = torch.ones_like(real)
     first[1:] = ids[1:] != ids[:-1]
     attended = first & real
     sampled = attended & (order < num_drawn)
-    wide = ids.to(torch.int64)
+    wide = ids.to(torch.int64) + offset  # padding's id is past every real one: its row is clamped to `num_rows`
     rows = (wide // m).clamp_(max=num_rows)
     cols = torch.where(real, (rows // n) * m + wide % m, 0)
     # Padding's head is the one past the last: counted there, then left out.
@@ -509,13 +522,13 @@ def fastrg_edges(
     if draws is None:
         draws = _draw(inputs, delta, generator, reserve)
     # The sort merges repeated pairs (int32 ids when they fit); the largest id of the dtype marks an empty slot.
-    small = num_rows * m < _INT32_PAIRS
+    small = int32_pairs(num_rows, n, m)
     request = PairIdRequest(
         ends=draws.cumulative[:, 1], seed=draws.seed, fastrg_slots=draws.fastrg_slots,
         exploration_slots=draws.exploration_slots,
         query_valid=query_valid, key_valid=key_valid, causal=causal, query_offset=query_offset,
-        structural=structural, sentinel=(1 << 31) - 1 if small else _INT64_SENTINEL,
-        dtype=torch.int32 if small else torch.int64,
+        structural=structural, sentinel=_INT32_MAX if small else _INT64_SENTINEL,
+        dtype=torch.int32 if small else torch.int64, offset=_INT32_OFFSET if small else 0,
     )  # fmt: skip
     ids = pair_ids(inputs, request) if kernels is None else kernels.pair_ids(**vars(inputs), **vars(request))
     # Being stable, the sort lists a drawn copy of a pair before a structural one.
@@ -523,7 +536,8 @@ def fastrg_edges(
     edge_list = edges_from_sorted_ids if kernels is None else kernels.edge_list
     num_drawn = draws.fastrg_slots + draws.exploration_slots
     rows, cols, sampled, duplicate, attended, crow, head_counts = edge_list(
-        ids, order, num_drawn=num_drawn, n=n, m=m, num_rows=num_rows, sentinel=request.sentinel
+        ids, order, num_drawn=num_drawn, n=n, m=m, num_rows=num_rows, sentinel=request.sentinel,
+        offset=request.offset,
     )
     return FastRGGraph(
         rows=rows,

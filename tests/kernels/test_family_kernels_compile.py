@@ -46,7 +46,8 @@ for n, k, m, has_qv, has_kv, ones in [
         pointers.update(KV_W="*fp32", KV_TOTAL="*fp32")
     compile_kernel(fastrg._cumulative_units, dict(table_meta(n, k, m), HAS_QV=has_qv, HAS_KV=has_kv), pointers, ones)
 
-# The pair ids: int32 (sentinel 2**31 - 1) when B*H*n*m fits, else int64 (sentinel 2**63 - 1, an i64 argument).
+# The pair ids: int32 (sentinel 2**31 - 1, stored less an i64 offset of 2**31) when every id is below 2**32, else
+# int64 (sentinel 2**63 - 1, an i64 argument, and an offset of 0).
 # The draw counts `ends` are fp64; the structural pairs are computed (StructuralPairs: `STRUCT` is then the `ends`
 # placeholder) or given as int64 ids; with no padding mask the wrapper passes the int32 row table for it.
 CUMS = {"SEED": "*i64", "ENDS": "*fp64", "ROW_CUM": "*i32", "CLUSTER_CUM": "*i32", "KEY_CUM": "*i32",
@@ -61,7 +62,7 @@ for ids, has_qv, has_kv, causal, structural, ones in [
     ("i32", True, False, False, "ids", ()),
     ("i64", True, True, True, "pairs", ()),
 ]:
-    pointers = dict(CUMS, OUT="*" + ids, sentinel=ids)
+    pointers = dict(CUMS, OUT="*" + ids, sentinel=ids, id_offset="i64" if ids == "i32" else "i32")
     if has_qv:
         pointers["QUERY_VALID"] = "*u1"
     if has_kv:
@@ -75,7 +76,8 @@ for ids, has_qv, has_kv, causal, structural, ones in [
 # the row pointers int64. A graph of at most 256 edge slots has one edge program.
 for ids, ones in [("i32", ()), ("i64", ()), ("i32", ("edge_programs",))]:
     pointers = {"IDS": "*" + ids, "ORDER": "*i64", "ROWS": "*" + ids, "COLS": "*" + ids, "SAMPLED": "*u1",
-                "DUPLICATE": "*u1", "ATTENDED": "*u1", "CROW": "*i64", "COUNTS": "*" + ids, "sentinel": ids}
+                "DUPLICATE": "*u1", "ATTENDED": "*u1", "CROW": "*i64", "COUNTS": "*" + ids, "sentinel": ids,
+                "id_offset": "i64" if ids == "i32" else "i32"}
     compile_kernel(fastrg._edge_list, {"STEPS_E": fastrg._steps(1 << 20), "BLOCK": fastrg.BLOCK_SLOTS}, pointers, ones)
 """
 

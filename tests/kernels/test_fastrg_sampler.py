@@ -112,24 +112,37 @@ def test_the_fused_sampler_with_every_draw_in_a_slot_and_int64_ids(device, monke
     _assert_same_graph(reference, wide[1])  # the ids' width changes nothing
 
 
-def test_the_edge_list_kernel_reads_sorted_ids_as_the_reference(device):
+@pytest.mark.parametrize(
+    "n,m,heads,offset",
+    [(5, 7, 4, 0), (4096, (1 << 19) - 1, 2, 1 << 31)],
+    ids=["small-ids", "ids-up-to-2^32-stored-less-2^31"],
+)
+def test_the_edge_list_kernel_reads_sorted_ids_as_the_reference(device, n, m, heads, offset):
     g = torch.Generator().manual_seed(3)
-    n, m, num_rows = 5, 7, 4 * 5
+    num_rows = heads * n
     sentinel = (1 << 31) - 1
-    ids = torch.cat([torch.randint(0, num_rows * m, (700,), generator=g), torch.full((90,), sentinel)])
-    ids, order = torch.sort(ids.to(torch.int32), stable=True)
-    ids, order = ids.to(device), order.to(device)
-    kwargs = {"num_drawn": 500, "n": n, "m": m, "num_rows": num_rows, "sentinel": sentinel}
-    want = edges_from_sorted_ids(ids, order, **kwargs)
-    got = kernel.fastrg_edge_list_triton(ids, order, **kwargs)
+    # Ids spread over the whole range (with offset 2^31: both signs stored, and the last row), repeats included.
+    spread = torch.randint(0, num_rows * m, (500,), generator=g)
+    ids = torch.cat([spread, spread[:100], torch.tensor([0, num_rows * m - 1])])
+    sorted_ids, order = torch.sort(ids, stable=True)
+    stored = torch.cat([(sorted_ids - offset).to(torch.int32), torch.full((90,), sentinel, dtype=torch.int32)])
+    order = torch.cat([order, torch.arange(order.numel(), order.numel() + 90)])
+    stored, order = stored.to(device), order.to(device)
+    kwargs = {"num_drawn": 500, "n": n, "m": m, "num_rows": num_rows, "sentinel": sentinel, "offset": offset}
+    want = edges_from_sorted_ids(stored, order, **kwargs)
+    got = kernel.fastrg_edge_list_triton(stored, order, **kwargs)
     for name, a, b in zip(FIELDS, want, got, strict=True):
-        assert torch.equal(a, b), name
+        assert torch.equal(a.cpu(), b.cpu()), name
+    # Both read the ids themselves back, not their stored form.
+    rows, cols = want[0][:-90].cpu(), want[1][:-90].cpu()
+    assert torch.equal(rows, sorted_ids // m) and torch.equal(cols, rows // n * m + sorted_ids % m)
+    assert torch.equal(want[5].cpu(), torch.searchsorted(rows, torch.arange(num_rows + 1)))
     assert want[3].any() and not want[4][-90:].any(), "repeats and padding are in the test"
-    # The per-head counts are those of the flags (20 rows of 5 per head: 4 heads, several per block of edges).
-    heads = want[0][:-90] // n
+    # The per-head counts are those of the flags.
+    heads_of = rows // n
     for column, flags in enumerate((want[2], want[4])):
-        counts = torch.bincount(heads[flags[:-90]], minlength=num_rows // n)
-        assert torch.equal(want[6][:, column], counts.to(want[6].dtype)) and counts.min() > 0
+        counts = torch.bincount(heads_of[flags[:-90].cpu()], minlength=heads)
+        assert torch.equal(want[6][:, column].cpu(), counts.to(want[6].dtype)) and counts.min() > 0
 
 
 def test_the_fused_samplers_edges_follow_fastrgs_law(device):

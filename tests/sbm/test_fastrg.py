@@ -216,6 +216,18 @@ def test_int64_pair_ids_give_the_same_graph(monkeypatch):
     assert graph.duplicate.any(), "the test should repeat a pair"
 
 
+def test_pair_ids_sort_as_int32_up_to_2_to_the_32():
+    # The benchmark's base size at 16,384 tokens (batch 1, 12 heads: ids up to about 3.2e9) sorts int32 ids ...
+    assert fastrg.int32_pairs(12 * 16384, 16384, 16384)
+    # ... a batch of two does not, nor does a flat key column past int32 (one query row a head, 2^31 keys).
+    assert not fastrg.int32_pairs(2 * 12 * 16384, 16384, 16384)
+    assert not fastrg.int32_pairs(2, 1, 1 << 31) and fastrg.int32_pairs(2, 1, (1 << 30) - 1)
+    # The largest fitting graph's ids (below 2^32) are stored in order, the padding's sentinel past every one.
+    largest = (1 << 32) - 1
+    stored = torch.tensor([0, (1 << 31) - 1, 1 << 31, largest - 1]) - fastrg._INT32_OFFSET
+    assert stored.to(torch.int32).tolist() == sorted(stored.tolist()) and stored.max() < fastrg._INT32_MAX
+
+
 def test_poisson_slots_hold_the_count():
     g = torch.Generator().manual_seed(9)
     for mean in (0.0, 0.5, 30.0, 4e4):

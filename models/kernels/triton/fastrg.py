@@ -12,8 +12,9 @@ implementations), so the two give the same ids bit for bit: integer ops and one 
    some are padding. int32 holds them (a row sums to at most about `2^30`), half the bytes of the reference's int64.
 2. [`_draw_pair_ids`] (one launch): one lane per slot (fastRG slots, then exploration slots, then the structural
    pairs): the slot's head by a binary search of the cumulative draw counts, its hashed bits, its query, cluster
-   and key by binary searches of the tables, causal thinning, and the pair id `((b*H + h)*n + i)*m + j` (the
-   largest id of the dtype where the slot holds no pair).
+   and key by binary searches of the tables, causal thinning, and the pair id `((b*H + h)*n + i)*m + j`, stored
+   less an offset (`2^31` for int32 ids, so that they reach `2^32`; the largest id of the dtype where the slot holds
+   no pair).
 3. After one stable sort of the ids (torch), [`_edge_list`] (one launch) writes the edge list: rows, columns and the
    sampled / duplicate / attended flags of every edge, comparing each id with the one before it, the sampled and
    attended edges of each head (a block's sum per head, added atomically: a head's edges are contiguous, so a block
@@ -138,7 +139,7 @@ def _draw(TABLE, row, length, bits31, mask, STEPS: tl.constexpr):
 @triton.jit
 def _draw_pair_ids(
     SEED, ENDS, ends_stride, ROW_CUM, CLUSTER_CUM, KEY_CUM, QV_CUM, KV_CUM, QUERY_VALID, KEY_VALID, STRUCT, OUT,
-    num_fastrg, num_exploration, num_struct, num_heads_flat, heads, n, k, m, query_offset, sentinel,
+    num_fastrg, num_exploration, num_struct, num_heads_flat, heads, n, k, m, query_offset, sentinel, id_offset,
     first_diagonal, num_diagonals, num_columns,
     HAS_QV: tl.constexpr, HAS_KV: tl.constexpr, CAUSAL: tl.constexpr, GIVEN: tl.constexpr,
     STEPS_BH: tl.constexpr, STEPS_N: tl.constexpr, STEPS_K: tl.constexpr, STEPS_M: tl.constexpr,
@@ -197,13 +198,13 @@ def _draw_pair_ids(
         pair = query_row * m + j_struct
     ids = tl.where(struct, pair, ids)
     live |= struct & real
-    tl.store(OUT + slot, tl.where(live, ids, sentinel).to(OUT.dtype.element_ty), mask=in_range)
+    tl.store(OUT + slot, tl.where(live, ids - id_offset, sentinel).to(OUT.dtype.element_ty), mask=in_range)
 
 
 @triton.jit
 def _edge_list(
     IDS, ORDER, ROWS, COLS, SAMPLED, DUPLICATE, ATTENDED, CROW, COUNTS, num_edges, num_drawn, n, m, num_rows,
-    sentinel, edge_programs, STEPS_E: tl.constexpr, BLOCK: tl.constexpr,
+    sentinel, id_offset, edge_programs, STEPS_E: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     if pid < edge_programs:
@@ -214,6 +215,7 @@ def _edge_list(
         real = ids != sentinel
         first = (e == 0) | (ids != before)
         attended = first & real
+        ids += id_offset  # the pair id (padding's is past every real one: its row is clamped to `num_rows`)
         rows = tl.minimum(ids // m, num_rows)
         cols = tl.where(real, (rows // n) * m + ids % m, 0)
         order = tl.load(ORDER + e, mask=ok, other=0)
@@ -239,10 +241,10 @@ def _edge_list(
         tl.atomic_add(COUNTS + head * 2, sampled_one, mask=rest)
         tl.atomic_add(COUNTS + head * 2 + 1, attended_one, mask=rest)
     else:
-        # row pointers: row r's edges start after every id below r * m (searchsorted of the rows)
+        # row pointers: row r's edges start after every id below r * m (searchsorted of the rows, stored ids)
         r = (pid - edge_programs) * BLOCK + tl.arange(0, BLOCK)
         ok = r <= num_rows
-        start = _count_at_most(IDS, 0, num_edges, r * m - 1, ok, STEPS_E)
+        start = _count_at_most(IDS, 0, num_edges, r * m - 1 - id_offset, ok, STEPS_E)
         tl.store(CROW + r, start, mask=ok)
 
 
@@ -277,6 +279,7 @@ def fastrg_pair_ids_triton(
     structural: object | None,
     sentinel: int,
     dtype: torch.dtype,
+    offset: int,
 ) -> Tensor:
     """The padded, unsorted pair ids of a fastRG graph (`attnzoo.sbm.fastrg.fastrg_edges` before its sort).
 
@@ -298,8 +301,9 @@ def fastrg_pair_ids_triton(
         structural (*optional*): the structural pairs, appended after the draws: their ids (a `torch.LongTensor`,
             `-1` for none), or their description (`first`, `diagonals`, `columns` attributes, as
             `attnzoo.sbm.fastrg.StructuralPairs`: the kernel computes the ids of its `(B, H, n, T)` slots).
-        sentinel (`int`): the id of an empty slot (the largest of `dtype`).
+        sentinel (`int`): the stored id of an empty slot (the largest of `dtype`).
         dtype (`torch.dtype`): `torch.int32` or `torch.int64`, the ids' dtype.
+        offset (`int`): subtracted from every pair id as it is stored (`2^31` for int32 ids, else 0).
 
     Returns:
         `torch.Tensor` of shape `(fastrg_slots + exploration_slots + S,)` in `dtype`, `S` the structural slots.
@@ -351,7 +355,8 @@ def fastrg_pair_ids_triton(
         _draw_pair_ids[(triton.cdiv(total, BLOCK_SLOTS),)](
             seed, ends, ends.stride(0), row_cum, cluster_cum, key_cum, qv_cum, kv_cum,
             query_valid if has_qv else row_cum, key_valid if has_kv else row_cum, struct, out,
-            fastrg_slots, exploration_slots, num_struct, bh, H, n, k, m, query_offset, sentinel, *diagonal_range,
+            fastrg_slots, exploration_slots, num_struct, bh, H, n, k, m, query_offset, sentinel, offset,
+            *diagonal_range,
             HAS_QV=has_qv, HAS_KV=has_kv, CAUSAL=causal, GIVEN=given,
             STEPS_BH=_steps(bh), STEPS_N=_steps(n), STEPS_K=_steps(k), STEPS_M=_steps(m), BLOCK=BLOCK_SLOTS,
         )  # fmt: skip
@@ -359,12 +364,12 @@ def fastrg_pair_ids_triton(
 
 
 def fastrg_edge_list_triton(
-    ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int
+    ids: Tensor, order: Tensor, *, num_drawn: int, n: int, m: int, num_rows: int, sentinel: int, offset: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The edge list of sorted pair ids: `(rows, cols, sampled, duplicate, attended, crow, head_counts)` as
     `attnzoo.sbm.fastrg.edges_from_sorted_ids` computes them (`crow`: the `(num_rows + 1,)` row pointers, int64),
-    with `rows` and `cols` in the ids' dtype: int32 ids mean that `num_rows * m` fits in int32, and so does every row
-    and column (half the bytes of int64 for the edge attention and the estimator to keep for backward).
+    with `rows` and `cols` in the ids' dtype: int32 ids mean that the caller checked that every row and column fits
+    (half the bytes of int64 for the edge attention and the estimator to keep for backward).
 
     Args:
         ids (`torch.Tensor` of shape `(E,)`): pair ids sorted stably, `sentinel` for empty slots (last).
@@ -372,7 +377,8 @@ def fastrg_edge_list_triton(
         num_drawn (`int`): positions below it were draws, the others structural pairs.
         n, m (`int`): queries and keys per head.
         num_rows (`int`): `B * H * n`, the row of padding.
-        sentinel (`int`): the empty slots' id.
+        sentinel (`int`): the empty slots' stored id.
+        offset (`int`): what was subtracted from every id as it was stored.
     """
     num_edges = ids.shape[0]
     rows = torch.empty(num_edges, dtype=ids.dtype, device=ids.device)
@@ -383,6 +389,6 @@ def fastrg_edge_list_triton(
     edge_programs = triton.cdiv(num_edges, BLOCK_SLOTS)
     _edge_list[(edge_programs + triton.cdiv(num_rows + 1, BLOCK_SLOTS),)](
         ids, order, rows, cols, sampled, duplicate, attended, crow, head_counts, num_edges, num_drawn, n, m,
-        num_rows, sentinel, edge_programs, STEPS_E=_steps(num_edges), BLOCK=BLOCK_SLOTS,
+        num_rows, sentinel, offset, edge_programs, STEPS_E=_steps(num_edges), BLOCK=BLOCK_SLOTS,
     )  # fmt: skip
     return rows, cols, sampled, duplicate, attended, crow, head_counts
