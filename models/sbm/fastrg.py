@@ -536,8 +536,7 @@ def fastrg_edges(
     edge_list = edges_from_sorted_ids if kernels is None else kernels.edge_list
     num_drawn = draws.fastrg_slots + draws.exploration_slots
     rows, cols, sampled, duplicate, attended, crow, head_counts = edge_list(
-        ids, order, num_drawn=num_drawn, n=n, m=m, num_rows=num_rows, sentinel=request.sentinel,
-        offset=request.offset,
+        ids, order, num_drawn=num_drawn, n=n, m=m, num_rows=num_rows, sentinel=request.sentinel, offset=request.offset
     )
     return FastRGGraph(
         rows=rows,
