@@ -588,6 +588,7 @@ def scored_run(study: Study, output: Path, calls: list[dict[str, Any]], examples
         "scores": summary_metrics(predictions, references),
         "different_summaries": len(set(predictions)),
         "steps_trained": metrics.get("global_step"),
+        "train_loss": metrics["metrics"].get("train_loss"),
         "time_limited": metrics["metrics"].get("train_time_limited", False),
         "truncated": {k: v for k, v in metrics["data"].items() if "truncated" in k},
         "examples": [

@@ -94,10 +94,9 @@ def collect(study: study_run.Study, jobs: list[Job], records: dict[str, Any], tu
         row = dict(records.get(job.name, {}))
         scored = study_run.scored_run(study, job.output, calls, examples=2)
         if scored is not None:
-            metrics = study_run.run_metrics(study, job.output)
             row.update(
                 curve=curve(study_run.run_history(study, job.output)),
-                train_loss=metrics["metrics"].get("train_loss"),
+                train_loss=scored["train_loss"],
                 final=scored["scores"],
                 different_summaries=scored["different_summaries"],
                 examples=scored["examples"],
