@@ -38,7 +38,6 @@ from datasets import Dataset
 from transformers import (
     AutoModelForSequenceClassification,
     DataCollatorWithPadding,
-    Trainer,
     TrainerCallback,
     TrainingArguments,
 )
@@ -46,6 +45,8 @@ from transformers import (
 import attnzoo  # noqa: F401  (registers every family with the Auto classes)
 from attnzoo.training import (
     ClassificationDataArguments,
+    FineTuningArguments,
+    HeadLearningRateTrainer,
     ModelArguments,
     build_model,
     classification_metrics,
@@ -53,6 +54,7 @@ from attnzoo.training import (
     glue_metrics,
     load_classification_splits,
     load_tokenizer,
+    new_head_parameters,
     start_run,
     tokenize_pairs,
     train_and_evaluate,
@@ -78,8 +80,8 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
     Returns:
         The content of `metrics.json`.
     """
-    (model_args, data_args, training_args), checkpoint = start_run(
-        (ModelArguments, ClassificationDataArguments, TrainingArguments), argv
+    (model_args, data_args, tuning_args, training_args), checkpoint = start_run(
+        (ModelArguments, ClassificationDataArguments, FineTuningArguments, TrainingArguments), argv
     )
 
     data = load_classification_splits(data_args, model_args.cache_dir)
@@ -123,7 +125,14 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[TrainerCallback]
             return glue_metrics(task, predictions, prediction.label_ids)
         return classification_metrics(predictions, prediction.label_ids)
 
-    trainer = Trainer(
+    head_parameters: list[str] = []
+    if tuning_args.head_learning_rate is not None:
+        # A model built from a config has no loading report: its whole head is new.
+        head_parameters = new_head_parameters(model, model_info.get("missing_keys"))
+        model_info["head_parameters"] = head_parameters
+    trainer = HeadLearningRateTrainer(
+        head_parameters=head_parameters,
+        head_learning_rate=tuning_args.head_learning_rate,
         model=model,
         args=training_args,
         data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=data_args.pad_to_multiple_of),

@@ -14,6 +14,7 @@ require("train")
 
 from .arguments import (  # noqa: E402
     ClassificationDataArguments,
+    FineTuningArguments,
     MLMDataArguments,
     ModelArguments,
     SummarizationDataArguments,
@@ -44,6 +45,7 @@ from .data import (  # noqa: E402
     split_sentences,
     tokenize_pairs,
 )
+from .head_learning_rate import HeadLearningRateTrainer, new_head_parameters  # noqa: E402
 from .metrics import classification_metrics, glue_metrics, rouge_scores, summary_metrics  # noqa: E402
 from .run import start_run, train_and_evaluate  # noqa: E402
 
@@ -52,8 +54,10 @@ __all__ = [
     "ClassificationDataArguments",
     "DataReport",
     "EpochSetterCallback",
+    "FineTuningArguments",
     "GenerationLengthCallback",
     "GlueTask",
+    "HeadLearningRateTrainer",
     "MLMCollator",
     "MLMDataArguments",
     "ModelArguments",
@@ -70,6 +74,7 @@ __all__ = [
     "load_summarization_splits",
     "load_tokenizer",
     "mask_dataset",
+    "new_head_parameters",
     "parse_arguments",
     "plot_training_curves",
     "read_cohan_jsonl",

@@ -222,6 +222,28 @@ class ClassificationDataArguments(_SourceArguments):
 
 
 @dataclass
+class FineTuningArguments:
+    """
+    How a checkpoint's new task head is trained (`scripts/run_glue.py`).
+
+    Args:
+        head_learning_rate (`float`, *optional*): peak learning rate of the head's parameters that the checkpoint did
+            not provide (BERT's `classifier`, the zoo's `classifier.out_proj`; the whole head of a fresh model), on
+            the same schedule as `learning_rate`, which trains every other parameter. Default: `learning_rate`.
+    """
+
+    head_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Peak learning rate of the task head's new parameters (default: learning_rate)."},
+    )
+
+    def __post_init__(self) -> None:
+        from .head_learning_rate import check_head_learning_rate
+
+        check_head_learning_rate(self.head_learning_rate)
+
+
+@dataclass
 class SummarizationDataArguments(_SourceArguments):
     """
     Data and generation settings of summarization (`scripts/run_summarization.py`).

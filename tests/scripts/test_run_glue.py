@@ -97,10 +97,13 @@ def test_fine_tunes_an_mlm_checkpoint(tmp_path, data_dir, load_script, quiet_arg
     load_script("run_mlm").main([*mlm, "--max_seq_length", "32", "--max_steps", "1", "--save_strategy", "no",
                                  "--output_dir", str(tmp_path / "mlm")])  # fmt: skip
     argv = [*_sst2(data_dir, 8), *quiet_args, "--model_name_or_path", str(tmp_path / "mlm"), "--max_steps", "1"]
+    argv += ["--head_learning_rate", "1e-3"]
     result = load_script("run_glue").main([*argv, "--save_strategy", "no", "--output_dir", str(tmp_path / "cls")])
     assert result["model"]["init"] == "checkpoint"
     assert all(key.startswith("classifier.") for key in result["model"]["missing_keys"])
     assert all(key.startswith("lm_head.") for key in result["model"]["unexpected_keys"])
+    # The new head (the whole classifier: a masked-LM checkpoint has none) trained at its own rate.
+    assert sorted(result["model"]["head_parameters"]) == sorted(result["model"]["missing_keys"])
 
 
 @pytest.mark.slow
