@@ -457,6 +457,45 @@ def test_the_summarization_pilot_tunes_on_held_back_training_calls(
         decoding.main([*args, "--runs", str(tmp_path)])  # not a trained run
 
 
+def test_the_classification_pilot_tunes_the_head_rate_on_held_back_training_reviews(
+    load_script, study, headless_bert, data_files, tmp_path
+):
+    """`classify_pilot.py`: each row trains on the training reviews but the last ones, once per head learning rate,
+    is scored on those, and is compared with its first setting review by review; the validation reviews are never
+    read."""
+    pilot = load_script(f"{STUDY}/classify_pilot")
+    toy = _study(study, headless_bert, data_files, tmp_path)
+    study.step_data(toy)
+    work, results = tmp_path / "work", tmp_path / "results"
+    (work / "data" / "imdb_validation.jsonl").unlink()  # a pilot that read it would fail
+    convert_checkpoint(str(headless_bert), "sparse_transformer", LONG, toy.converted("sparse_transformer", LONG))
+    args = ["--profile", "toy", "--source", str(headless_bert), "--work", str(work), "--results", str(results)]
+    rows = ["--rows", "sparse_transformer warm", "source"]
+    record = pilot.main([*args, *rows, "--head-learning-rates", "none", "1e-2", "--hold-out", "4"])
+
+    train = study.read_jsonl(work / "pilot" / "data" / "imdb_train.jsonl")
+    tune = study.read_jsonl(work / "pilot" / "data" / "imdb_tune.jsonl")
+    every = study.read_jsonl(work / "data" / "imdb_train.jsonl")
+    assert len(tune) == 4 and train + tune == every
+    assert json.loads((results / "classify_pilot.json").read_text()) == json.loads(json.dumps(record))
+    assert record["held_back_reviews"] == 4 and set(record["rows"]) == {"sparse_transformer warm", "source"}
+    # The new head: the zoo keeps BERT's pooler (classifier.dense), transformers' BERT keeps it in its base model.
+    heads = {"sparse_transformer warm": ["classifier.out_proj.weight", "classifier.out_proj.bias"],
+             "source": ["classifier.weight", "classifier.bias"]}  # fmt: skip
+    for label, row in record["rows"].items():
+        runs = row["runs"]
+        assert runs["none"]["head_parameters"] is None and runs["1e-2"]["head_parameters"] == heads[label]
+        assert all(run["status"] == "done" and 0 <= run["accuracy"] <= 1 for run in runs.values())
+        paired = row["versus_none"]["1e-2"]
+        difference = 100 * (runs["1e-2"]["accuracy"] - runs["none"]["accuracy"])
+        assert paired["accuracy_difference"] == pytest.approx(difference)
+        assert paired["only_this_right"] - paired["only_first_right"] == round(difference * 4 / 100)
+    with pytest.raises(ValueError, match="No IMDB row"):
+        pilot.main([*args, "--rows", "sparse_transformer hot"])
+    with pytest.raises(ValueError, match="does not exist"):
+        pilot.main([*args, "--rows", "sparse_transformer warm+mlm"])  # step 2 never ran
+
+
 def test_the_feature_probe_scores_each_feature_of_a_frozen_checkpoint(
     load_script, study, headless_bert, data_files, tmp_path
 ):

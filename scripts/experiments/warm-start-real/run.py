@@ -422,24 +422,32 @@ def classify_output(study: Study, row: str, seed: int) -> Path:
     return study.work / "imdb" / f"{slug(row)}-seed{seed}"
 
 
-def classify_jobs(study: Study) -> list[Job]:
+def classify_command(
+    study: Study, row: dict[str, Any], output: Path, seed: int, train: Path, validation: Path
+) -> list[str]:
+    """The `run_glue.py` command of an IMDB row (from [`classify_rows`]) at the profile's budget."""
     p = study.profile
+    return [
+        "scripts/run_glue.py", str(IMDB_RECIPE), *row["model"],
+        "--train_file", str(train),
+        "--validation_file", str(validation),
+        "--max_seq_length", str(row["length"]),
+        "--per_device_train_batch_size", str(p.classify_batch),
+        "--per_device_eval_batch_size", str(p.eval_batch),
+        "--max_steps", str(p.classify_steps),
+        "--learning_rate", str(p.classify_learning_rate),
+        "--output_dir", str(output),
+        *study.common_flags(seed),
+    ]  # fmt: skip
+
+
+def classify_jobs(study: Study) -> list[Job]:
+    train, validation = study.data / "imdb_train.jsonl", study.data / "imdb_validation.jsonl"
     jobs = []
-    for seed in p.seeds:
+    for seed in study.profile.seeds:
         for row in classify_rows(study):
             output = classify_output(study, row["row"], seed)
-            command = [
-                "scripts/run_glue.py", str(IMDB_RECIPE), *row["model"],
-                "--train_file", str(study.data / "imdb_train.jsonl"),
-                "--validation_file", str(study.data / "imdb_validation.jsonl"),
-                "--max_seq_length", str(row["length"]),
-                "--per_device_train_batch_size", str(p.classify_batch),
-                "--per_device_eval_batch_size", str(p.eval_batch),
-                "--max_steps", str(p.classify_steps),
-                "--learning_rate", str(p.classify_learning_rate),
-                "--output_dir", str(output),
-                *study.common_flags(seed),
-            ]  # fmt: skip
+            command = classify_command(study, row, output, seed, train, validation)
             jobs.append(Job(f"imdb-{slug(row['row'])}-seed{seed}", command, output, row["needs"]))
     return jobs
 

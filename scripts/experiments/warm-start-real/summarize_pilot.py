@@ -34,16 +34,17 @@ from schedule import Job  # noqa: E402
 PILOT = "pilot"
 
 
-def split_training_calls(study: study_run.Study, hold_out: int) -> tuple[Path, Path]:
-    """Write the training calls without their last `hold_out` (the pilot's training file) and those alone (its tuning
-    file) under `<work>/pilot/data`."""
-    calls = study_run.read_jsonl(study.absolute(study.data) / "ectsum_train.jsonl")
-    if not 0 < hold_out < len(calls):
-        raise ValueError(f"--hold-out must be between 1 and {len(calls) - 1} (the training calls), not {hold_out}.")
+def split_training_file(study: study_run.Study, name: str, hold_out: int, prefix: str = "") -> tuple[Path, Path]:
+    """Write the study's training file `name` (`ectsum_train.jsonl`, `imdb_train.jsonl`) without its last `hold_out`
+    records (the pilot's training file) and those alone (its tuning file) under `<work>/pilot/data`, as
+    `<prefix>train.jsonl` and `<prefix>tune.jsonl`."""
+    records = study_run.read_jsonl(study.absolute(study.data) / name)
+    if not 0 < hold_out < len(records):
+        raise ValueError(f"--hold-out must be between 1 and {len(records) - 1} ({name}'s records), not {hold_out}.")
     data = study.work / PILOT / "data"
-    train, tune = data / "train.jsonl", data / "tune.jsonl"
-    study_run.write_jsonl(study.absolute(train), calls[:-hold_out])
-    study_run.write_jsonl(study.absolute(tune), calls[-hold_out:])
+    train, tune = data / f"{prefix}train.jsonl", data / f"{prefix}tune.jsonl"
+    study_run.write_jsonl(study.absolute(train), records[:-hold_out])
+    study_run.write_jsonl(study.absolute(tune), records[-hold_out:])
     return train, tune
 
 
@@ -56,7 +57,7 @@ def pilot_jobs(
 ) -> list[Job]:
     """One `run_summarization.py` run per learning rate and model variant (the config fields set at conversion;
     `None`: none), evaluated on the held-back calls as it trains."""
-    train, tune = split_training_calls(study, hold_out)
+    train, tune = split_training_file(study, "ectsum_train.jsonl", hold_out)
     length = study.short
     jobs = []
     for overrides in config_overrides:
