@@ -408,7 +408,7 @@ class PairIdRequest:
 def int32_pairs(num_rows: int, n: int, m: int) -> bool:
     """Whether the pair ids of `num_rows` query rows (`n` a head) by `m` keys sort as int32: every id and the
     padding's stored less `_INT32_OFFSET`, and every row and flat key column `(b*H + h)*m + j` an int32."""
-    return num_rows * m < _INT32_PAIRS and max(num_rows, num_rows // n * m) <= _INT32_MAX
+    return num_rows * m < _INT32_PAIRS and max(num_rows, num_rows // n * m) < _INT32_MAX
 
 
 def pair_ids(inputs: SamplerInputs, request: PairIdRequest) -> Tensor:
