@@ -3,8 +3,9 @@
 A classifier fine-tuned from a pretrained encoder starts with a fresh output layer on top of pretrained features.
 When those features are small (a sentence-embedding model's pooled states vary by hundredths), Adam, which moves every
 weight by about the learning rate per step, changes the fresh layer's logits by hundredths over a whole short run at
-an encoder's learning rate: the run ends near its first guess. The remedy of the fine-tuning literature (ULMFiT's
-discriminative rates, a classifier learning rate in most fine-tuning recipes) is a larger rate for the new layer only.
+an encoder's learning rate: the run ends near its first guess. A common remedy in fine-tuning (ULMFiT's discriminative
+rates, a classifier learning rate in many recipes) is a larger rate for the new layer only; a run long enough for the
+head to get away from its first guess may not need it.
 
 The head is what the checkpoint did not provide outside the base model: for BERT's classifier its `classifier`
 layer, for the zoo's its `classifier.out_proj` (the zoo keeps BERT's pooler as `classifier.dense`, which the
