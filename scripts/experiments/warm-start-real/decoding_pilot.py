@@ -61,12 +61,12 @@ def decoding_jobs(
     return jobs
 
 
-def per_call(study: study_run.Study, output: Path, references: list[str]) -> dict[str, list[float | None]]:
+def per_call(summaries: list[str], references: list[str]) -> dict[str, list[float | None]]:
     """A generation's ROUGE-2 and share of the reference's figures (percent; `None` where the reference has none), call
     by call, for paired comparisons."""
     from attnzoo.training.metrics import extract_numbers, numbers_reproduced, rouge_scores
 
-    pairs = list(zip(study_run.read_predictions(study, output) or [], references, strict=True))
+    pairs = list(zip(summaries, references, strict=True))
     figures = [
         numbers_reproduced([summary], [reference])["numbers_reproduced"] if extract_numbers(reference) else None
         for summary, reference in pairs
@@ -109,14 +109,15 @@ def collect(
         calls_scores = {}
         for job in by_size.values():
             row = dict(records.get(job.name, {}))
-            scored = study_run.scored_run(study, job.output, references, examples=2)
+            summaries = study_run.read_predictions(study, job.output)
+            scored = study_run.scored_run(study, job.output, references, examples=2, predictions=summaries)
             if scored is not None:
                 row.update(
                     scores=scored["scores"],
                     different_summaries=scored["different_summaries"],
                     examples=scored["examples"],
                 )
-                calls_scores[job.name] = per_call(study, job.output, [call["summary"] for call in references])
+                calls_scores[job.name] = per_call(summaries, [call["summary"] for call in references])
             rows[job.name] = row
         if by_size[baseline].name in calls_scores:
             comparisons[run] = paired(calls_scores, by_size[baseline].name)

@@ -580,13 +580,20 @@ def read_predictions(study: Study, output: Path) -> list[str] | None:
     return path.read_text(encoding="utf-8").removesuffix("\n").split("\n")
 
 
-def scored_run(study: Study, output: Path, calls: list[dict[str, Any]], examples: int) -> dict[str, Any] | None:
+def scored_run(
+    study: Study,
+    output: Path,
+    calls: list[dict[str, Any]],
+    examples: int,
+    predictions: list[str] | None = None,
+) -> dict[str, Any] | None:
     """A summarization run's last summaries of `calls` scored (the same scores as the baselines), with its first
-    `examples` summaries beside their references and its training cost; `None` when the run left no summaries."""
+    `examples` summaries beside their references and its training cost; `None` when the run left no summaries.
+    `predictions`: the run's summaries when the caller has read them already ([`read_predictions`])."""
     from attnzoo.training.metrics import summary_metrics
 
     metrics = run_metrics(study, output)
-    predictions = read_predictions(study, output)
+    predictions = read_predictions(study, output) if predictions is None else predictions
     if metrics is None or predictions is None:
         return None
     references = [call["summary"] for call in calls]
