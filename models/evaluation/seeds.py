@@ -98,6 +98,10 @@ class PairedDifference:
     def ahead(self) -> int:
         return sum(d > 0 for d in self.differences)
 
+    @property
+    def behind(self) -> int:
+        return sum(d < 0 for d in self.differences)
+
 
 def _flattened(name: str, value: Any) -> dict[str, Any]:
     """`{"name.key": value}` for every leaf of a nested dictionary (`{"name": value}` for a plain value)."""

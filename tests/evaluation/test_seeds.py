@@ -79,7 +79,7 @@ def test_rows_pair_by_seed_and_are_split_by_what_differs_between_folders(tmp_pat
 
     # seed 2 has no dense run: the pairing uses seeds 0 and 1 only (differences 0.02 and 0.04)
     diff = paired_difference(a2, dense)
-    assert diff.seeds == (0, 1) and diff.ahead == 2
+    assert diff.seeds == (0, 1) and (diff.ahead, diff.behind) == (2, 0)
     assert math.isclose(diff.mean, 0.03) and math.isclose(diff.standard_error, 0.01)
 
     # with only seed-varying folders there is no protocol in the names

@@ -90,7 +90,7 @@ def versus(first: list[int], other: list[int]) -> dict[str, Any]:
         "accuracy_difference": 100 * paired.mean,
         "standard_error": 100 * paired.standard_error,
         "only_this_right": paired.ahead,
-        "only_first_right": sum(d < 0 for d in differences),
+        "only_first_right": paired.behind,
     }
 
 
@@ -141,9 +141,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     add_location_arguments(parser)
     args = parser.parse_args(argv)
+    from attnzoo.training.head_learning_rate import check_head_learning_rate
+
     for rate in args.head_learning_rates:
-        if rate != RECIPE and not float(rate) > 0:
-            raise ValueError(f"A head learning rate is a positive number or {RECIPE!r}, not {rate!r}.")
+        if rate != RECIPE:
+            check_head_learning_rate(float(rate))
     profile = PROFILES[args.profile]
     profile = dataclasses.replace(profile, classify_steps=args.steps or profile.classify_steps)
     study = pilot_study(args, profile)

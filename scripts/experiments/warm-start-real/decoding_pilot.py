@@ -92,7 +92,7 @@ def paired(rows: dict[str, dict[str, list[float | None]]], baseline: str) -> dic
                 "mean": difference.mean if pairs else None,
                 "standard_error": difference.standard_error if len(pairs) > 1 else None,
                 "ahead": difference.ahead,
-                "behind": sum(d < 0 for d in difference.differences),
+                "behind": difference.behind,
                 "calls": len(pairs),
             }
     return result
